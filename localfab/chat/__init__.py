@@ -1,0 +1,1 @@
+"""The conversation layer: prompts from messages, chat sessions, context shift, continuation."""

@@ -1,0 +1,71 @@
+"""The `localfab` command line: a thin click layer over the library.
+
+Errors a user can meet are `LocalfabError`s, printed here once as one line on stderr with the exit
+code their type carries; nothing below this layer prints tracebacks for them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from localfab import __version__
+from localfab.errors import LocalfabError
+
+EPILOG = """\b
+Exit codes:
+  0    success
+  1    other error
+  2    bad option or argument
+  3    model missing, unknown, not GGUF, truncated or corrupt
+  4    prompt does not fit in the context window
+  5    download or hub failure
+  130  interrupted (Ctrl-C)
+"""
+
+
+class LocalfabGroup(click.Group):
+    """A group that turns LocalfabError into one stderr line and its exit code."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except LocalfabError as exc:
+            click.echo(f"localfab: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("", err=True)
+            ctx.exit(130)
+
+
+@click.group(
+    cls=LocalfabGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.version_option(__version__, prog_name="localfab")
+def cli() -> None:
+    """Run GGUF models well on small hardware."""
+
+
+def _register() -> None:
+    from localfab.commands import run as run_cmds
+
+    cli.add_command(run_cmds.run)
+    for name in ("planning", "models", "serve"):
+        try:
+            module = __import__(f"localfab.commands.{name}", fromlist=["COMMANDS"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"localfab.commands.{name}":
+                raise
+            continue
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="localfab")
+    sys.exit(0)

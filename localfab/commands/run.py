@@ -1,0 +1,206 @@
+"""`localfab run`: one prompt, one streamed answer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+
+from localfab.errors import UsageError
+
+KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"])
+
+
+def setup_logging(verbose: bool) -> None:
+    """Warnings from localfab on stderr; llama.cpp's own log only for errors (or with -v)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("localfab: %(levelname)s: %(message)s"))
+    root = logging.getLogger("localfab")
+    root.handlers[:] = [h for h in root.handlers if isinstance(h, logging.NullHandler)]
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger("localfab.llama_cpp").setLevel(logging.WARNING if verbose else logging.ERROR)
+
+
+def read_prompt(words: tuple[str, ...]) -> str:
+    """The prompt from the arguments, with piped standard input added after it."""
+    prompt = " ".join(words)
+    stdin = click.get_text_stream("stdin")
+    if not stdin.isatty():
+        piped = stdin.read()
+        if piped.strip():
+            prompt = f"{prompt}\n\n{piped}" if prompt else piped
+    return prompt
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("model")
+@click.argument("prompt", nargs=-1)
+@click.option("--system", "-s", help="System prompt.")
+@click.option(
+    "-n",
+    "--max-tokens",
+    type=int,
+    default=-1,
+    show_default=True,
+    help="Longest reply in tokens; -1 for no limit.",
+)
+@click.option(
+    "--temperature", "--temp", type=float, default=None, help="Sampling temperature (0: greedy)."
+)
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--min-p", type=float, default=None)
+@click.option("--repeat-penalty", type=float, default=None)
+@click.option("--seed", type=int, default=-1, show_default=True, help="-1: random.")
+@click.option("--stop", multiple=True, help="Stop at this text (repeatable).")
+@click.option("-c", "--ctx-size", type=int, default=None, help="Context window in tokens.")
+@click.option("-ngl", "--n-gpu-layers", type=int, default=None, help="Layers to put on the GPU.")
+@click.option("-ctk", "--cache-type-k", type=KV_CHOICES, default=None, help="KV cache type for K.")
+@click.option("-ctv", "--cache-type-v", type=KV_CHOICES, default=None, help="KV cache type for V.")
+@click.option("-fa", "--flash-attn", type=click.Choice(["auto", "on", "off"]), default=None)
+@click.option(
+    "-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)."
+)
+@click.option(
+    "--raw", is_flag=True, help="Send the prompt as plain text, without the chat template."
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object (text, finish_reason, usage, timings) instead of streaming.",
+)
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Timings (TTFT, prompt and decode tok/s) on stderr."
+)
+def run(
+    model: str,
+    prompt: tuple[str, ...],
+    system: str | None,
+    max_tokens: int,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    repeat_penalty: float | None,
+    seed: int,
+    stop: tuple[str, ...],
+    ctx_size: int | None,
+    n_gpu_layers: int | None,
+    cache_type_k: str | None,
+    cache_type_v: str | None,
+    flash_attn: str | None,
+    threads: int | None,
+    raw: bool,
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    """Answer PROMPT with MODEL (a .gguf path or a registered name), streaming to stdout.
+
+    Piped standard input is added after PROMPT: cat notes.md | localfab run MODEL "Summarize:".
+    Ctrl-C stops the answer, keeps what was printed and exits with 130.
+    """
+    from dataclasses import replace
+
+    from localfab.config import Config, default_paths
+    from localfab.engine import Done, EngineSettings, SamplingParams
+    from localfab.runtime import load_model, resolve_model
+
+    setup_logging(verbose)
+    if max_tokens == 0 or max_tokens < -1:
+        raise UsageError(
+            f"--max-tokens must be a positive number or -1 (no limit), not {max_tokens}"
+        )
+    if ctx_size is not None and ctx_size < 16:
+        raise UsageError(
+            f"--ctx-size {ctx_size} is too small; use at least 16, or 0 for the model's own"
+        )
+    text = read_prompt(prompt)
+    if not text.strip():
+        raise UsageError("no prompt: give it as arguments or pipe it on standard input")
+
+    paths = default_paths()
+    config = Config.load(paths)
+    path = resolve_model(model, paths)
+
+    settings = EngineSettings(
+        n_ctx=ctx_size or config.ctx_size or 4096, flash_attn=config.flash_attn
+    )  # type: ignore[arg-type]
+    overrides: dict[str, Any] = {}
+    if n_gpu_layers is not None:
+        overrides["n_gpu_layers"] = n_gpu_layers
+    if cache_type_k:
+        overrides["type_k"] = cache_type_k
+    if cache_type_v:
+        overrides["type_v"] = cache_type_v
+    if flash_attn:
+        overrides["flash_attn"] = flash_attn
+    if threads:
+        overrides["n_threads"] = threads
+    elif config.threads:
+        overrides["n_threads"] = config.threads
+    settings = replace(settings, **overrides)
+
+    loaded = load_model(path, settings)
+    engine = loaded.engine
+    for notice in loaded.notices:
+        click.echo(f"localfab: note: {notice}", err=True)
+    if settings.n_ctx > engine.n_ctx_train > 0:
+        click.echo(
+            f"localfab: warning: context {settings.n_ctx} is larger than the {engine.n_ctx_train} "
+            "tokens the model was trained on; answers may degrade past that",
+            err=True,
+        )
+
+    if raw:
+        tokens = loaded.prompts.raw(text if system is None else f"{system}\n\n{text}")
+    else:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": text}
+        ]
+        tokens = loaded.prompts.tokens(messages)
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    sampling = SamplingParams(
+        temperature=pick(temperature, config.temperature),
+        top_k=pick(top_k, config.top_k),
+        top_p=pick(top_p, config.top_p),
+        min_p=pick(min_p, config.min_p),
+        repeat_penalty=pick(repeat_penalty, config.repeat_penalty),
+        seed=seed,
+    )
+    out = click.get_text_stream("stdout")
+    done: Done | None = None
+    for event in engine.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop):
+        if isinstance(event, Done):
+            done = event
+        elif event.text and not as_json:
+            out.write(event.text)
+            out.flush()
+    assert done is not None
+    if as_json:
+        result = {"model": model, **done.to_dict()}
+        out.write(json.dumps(result, ensure_ascii=False) + "\n")
+    else:
+        out.write("\n")
+    out.flush()
+    if verbose:
+        t = done.timings
+        decode = (
+            (t.predicted_n - 1) / t.predicted_ms * 1e3
+            if t.predicted_ms > 0 and t.predicted_n > 1
+            else 0.0
+        )
+        click.echo(
+            f"localfab: {t.prompt_n} prompt tokens ({t.cache_n} cached), TTFT {t.ttft_ms:.0f} ms, "
+            f"prompt {t.prompt_per_second:.1f} tok/s, decode {decode:.1f} tok/s "
+            f"({t.predicted_n} tokens), stop: {done.stop_type}",
+            err=True,
+        )
+    loaded.close()

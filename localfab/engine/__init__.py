@@ -1,0 +1,46 @@
+"""The runtime layer: one loaded model (the only code that imports llama_cpp).
+
+The data types are importable without loading llama.cpp; `Engine`, `backend_info` and
+`measure_buffers` import it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from localfab.engine.types import (
+    KV_TYPES,
+    BufferSizes,
+    Done,
+    EngineSettings,
+    SamplingParams,
+    Timings,
+    TokenEvent,
+)
+
+if TYPE_CHECKING:
+    from localfab.engine.llama import Engine, backend_info, measure_buffers, physical_cores
+
+__all__ = [
+    "KV_TYPES",
+    "BufferSizes",
+    "Done",
+    "Engine",
+    "EngineSettings",
+    "SamplingParams",
+    "Timings",
+    "TokenEvent",
+    "backend_info",
+    "measure_buffers",
+    "physical_cores",
+]
+
+_LAZY = {"Engine", "backend_info", "measure_buffers", "physical_cores"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from localfab.engine import llama
+
+        return getattr(llama, name)
+    raise AttributeError(name)

