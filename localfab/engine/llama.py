@@ -59,6 +59,7 @@ _DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
 _log_lock = threading.Lock()
 _log_lines: list[str] = []
+_log_dropped = 0  # lines dropped from the front of _log_lines; marks count all lines ever logged
 _log_partial = ""
 # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line).
 _LOG_LEVELS = {
@@ -74,7 +75,7 @@ llama_log = logging.getLogger("localfab.llama_cpp")
 
 @lc.llama_log_callback
 def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    global _log_partial, _log_level
+    global _log_partial, _log_level, _log_dropped
     chunk = text.decode("utf-8", errors="replace")
     with _log_lock:
         if level != 5:
@@ -83,8 +84,9 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
         *lines, _log_partial = data.split("\n")
         for line in lines:
             _log_lines.append(line)
-            if len(_log_lines) > 2000:
-                del _log_lines[:1000]
+            if len(_log_lines) > 20000:  # one load logs ~1,500 lines; keep many loads' worth
+                del _log_lines[:10000]
+                _log_dropped += 10000
             llama_log.log(_log_level, "%s", line)
 
 
@@ -103,12 +105,12 @@ def _ensure_backend() -> None:
 
 def _log_mark() -> int:
     with _log_lock:
-        return len(_log_lines)
+        return _log_dropped + len(_log_lines)
 
 
 def _log_since(mark: int) -> list[str]:
     with _log_lock:
-        return list(_log_lines[mark:]) if mark <= len(_log_lines) else list(_log_lines)
+        return list(_log_lines[max(0, mark - _log_dropped) :])
 
 
 def backend_info() -> dict[str, object]:
@@ -247,6 +249,7 @@ class Engine:
         self._piece_buf = ctypes.create_string_buffer(256)
         # Tokens whose KV cells sit in the cache at positions 0..len-1, in order.
         self._cached: list[int] = []
+        self._eog: list[int] | None = None
         self._lock = threading.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -461,6 +464,71 @@ class Engine:
         lc.llama_memory_seq_add(self._mem, 0, end, n_past, -(end - start))
         del self._cached[start:end]
 
+    def _align_to(self, target: Sequence[int]) -> tuple[int, int]:
+        """Shift the cache so it shares the longest prefix with `target`; no token is evaluated.
+
+        The cache holds [common prefix][span that target no longer has][part target keeps...].
+        The span is found by matching where target's continuation after the common prefix
+        starts again in the cache; its cells are removed and the later ones moved back.
+        Returns (start, end) of the removed span, (0, 0) when nothing was removed.
+        """
+        cached = self._cached
+        n = min(len(cached), len(target))
+        a = 0
+        while a < n and cached[a] == target[a]:
+            a += 1
+        if a >= len(target) or a >= len(cached) or not self.can_shift:
+            return (0, 0)
+        rest = target[a:]
+        k = min(4, len(rest))
+        key = tuple(rest[:k])
+        best_b, best_len = 0, 0
+        for b in range(a + 1, len(cached) - k + 1):
+            if tuple(cached[b : b + k]) != key:
+                continue
+            m = k
+            limit = min(len(cached) - b, len(rest))
+            while m < limit and cached[b + m] == rest[m]:
+                m += 1
+            if m > best_len:
+                best_b, best_len = b, m
+        # Worth it only when the kept part is longer than what re-processing would cost.
+        if best_len < 8:
+            return (0, 0)
+        self.drop_span(a, best_b)
+        return (a, best_b)
+
+    def top_tokens(self, k: int = 5) -> list[tuple[int, float]]:
+        """The k most likely next tokens after the last evaluated one, with their logits."""
+        logits = lc.llama_get_logits_ith(self._ctx, -1)
+        if not logits:
+            return []
+        import heapq
+
+        values = logits[: self.n_vocab]
+        best = heapq.nlargest(k, range(self.n_vocab), key=values.__getitem__)
+        return [(t, float(values[t])) for t in best]
+
+    def shift_to(self, target: Sequence[int]) -> tuple[int, int]:
+        """Make the cache match `target` as far as a KV shift allows (see `_align_to`)."""
+        with self._lock:
+            return self._align_to(target)
+
+    def _rebase(self, target: Sequence[int]) -> None:
+        """Make the cache hold exactly `target`: shift what can be kept, evaluate the rest."""
+        self._align_to(target)
+        n = min(len(self._cached), len(target))
+        lcp = 0
+        while lcp < n and self._cached[lcp] == target[lcp]:
+            lcp += 1
+        if lcp < len(self._cached):
+            if not lc.llama_memory_seq_rm(self._mem, 0, lcp, -1):
+                lc.llama_memory_clear(self._mem, True)
+                lcp = 0
+            del self._cached[lcp:]
+        if lcp < len(target):
+            self._decode(list(target[lcp:]), lcp, logits_last=False)
+
     # --- generation --------------------------------------------------------------------------
 
     def _sampler(self, p: SamplingParams) -> ctypes.c_void_p:
@@ -472,6 +540,12 @@ class Engine:
                 lc.llama_sampler_free(chain)
                 raise UsageError("the grammar could not be parsed")
             add(chain, grammar)
+        if p.ignore_eos:
+            eog = self._eog_tokens()
+            biases = (lc.llama_logit_bias * len(eog))(
+                *(lc.llama_logit_bias(token=t, bias=float("-inf")) for t in eog)
+            )
+            add(chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(eog), biases))
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(
                 chain,
@@ -493,6 +567,11 @@ class Engine:
         add(chain, lc.llama_sampler_init_dist(seed))
         return chain
 
+    def _eog_tokens(self) -> list[int]:
+        if self._eog is None:
+            self._eog = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self._vocab, t)]
+        return self._eog
+
     def stream(
         self,
         prompt: Sequence[int],
@@ -501,14 +580,18 @@ class Engine:
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
-        on_context_full: Callable[[Engine], int] | None = None,
+        on_context_full: Callable[[list[int]], Sequence[int] | None] | None = None,
+        carry: bytes = b"",
     ) -> Iterator[TokenEvent | Done]:
         """Generate after `prompt`, yielding TokenEvents and finally one Done.
 
         The KV cache is reused for the longest prefix `prompt` shares with the previous call.
         `cancel` stops generation at the next token. When the window fills during generation,
-        `on_context_full(engine)` may free cells (it returns how many); otherwise the reply ends
-        with finish_reason "length".
+        `on_context_full(generated)` is asked for the tokens the cache should hold instead of
+        prompt + generated[:-1] (a shorter window: the engine shifts the KV cache to it and goes
+        on); returning None ends the reply with finish_reason "length", stop_type "context".
+        `carry` is the incomplete UTF-8 of a previous reply this one continues; an incomplete
+        character at the end of this reply is likewise returned in `Done.pending`, not shown.
         """
         t_start = time.perf_counter()
         if not prompt:
@@ -542,6 +625,8 @@ class Engine:
                 return
 
             utf8 = Utf8Stream()
+            if carry:
+                utf8.feed(carry)
             stops = StopMatcher(stop)
             generated: list[int] = []
             parts: list[str] = []
@@ -571,13 +656,17 @@ class Engine:
                 if len(generated) == max_tokens:
                     break
                 if len(self._cached) >= self.n_ctx:
-                    freed = on_context_full(self) if on_context_full is not None else 0
-                    if freed <= 0 or len(self._cached) >= self.n_ctx:
+                    target = on_context_full(list(generated)) if on_context_full else None
+                    if target is None or len(target) >= self.n_ctx:
                         stop_type = "context"
                         break
+                    self._rebase(target)
                 self._decode((tok,), len(self._cached))
+            pending = b""
+            if finish == "length" and stop_type == "limit":
+                pending = utf8.pending()  # a continuation may complete the character
             if stops.matched is None:
-                tail = stops.feed(utf8.flush()) + stops.flush()
+                tail = stops.feed("" if pending else utf8.flush()) + stops.flush()
                 if tail:
                     parts.append(tail)
                     yield TokenEvent(generated[-1] if generated else -1, tail)
@@ -601,6 +690,7 @@ class Engine:
                 timings=timings,
                 prompt_tokens=len(prompt),
                 stopping_word=stops.matched or "",
+                pending=pending,
             )
         finally:
             if sampler is not None:

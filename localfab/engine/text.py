@@ -22,6 +22,10 @@ class Utf8Stream:
     def flush(self) -> str:
         return self._decoder.decode(b"", final=True)
 
+    def pending(self) -> bytes:
+        """Bytes of an incomplete character waiting for the rest of it."""
+        return bytes(self._decoder.getstate()[0])
+
 
 class StopMatcher:
     """Finds stop strings in streamed text, even when they span several tokens.

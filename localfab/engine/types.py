@@ -45,6 +45,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int = -1  # -1: a random seed
     grammar: str | None = None  # GBNF; constrains the output (JSON mode, schemas)
+    ignore_eos: bool = False  # never pick an end-of-generation token (benchmarks)
 
     @classmethod
     def greedy(cls) -> SamplingParams:
@@ -119,6 +120,7 @@ class Done:
     timings: Timings
     prompt_tokens: int
     stopping_word: str = ""
+    pending: bytes = b""  # an incomplete UTF-8 character at the end, for a continuation
 
     @property
     def usage(self) -> dict[str, int]:
