@@ -1,0 +1,203 @@
+"""The curated model catalog: short names (`qwen2.5:7b`) for known-good GGUF Q4_K_M files.
+
+The catalog is data (`models/catalog.toml` at the top of the repository) so it can be reviewed
+and extended without touching code. It is loaded and checked here: every entry must be complete,
+names must be unique and safe, and file names must be plain `.gguf` names, because `localfab pull`
+trusts them to build download paths.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localfab.errors import LocalfabError
+
+# The catalog ships at the repository's top level (the project is installed editable); a wheel
+# may carry a copy as package data instead.
+CATALOG_PATHS = (
+    Path(__file__).resolve().parent.parent / "models" / "catalog.toml",
+    Path(__file__).resolve().parent / "data" / "catalog.toml",
+)
+
+# Model names: letters, digits and . _ - : +, starting with a letter or digit (`qwen2.5:7b`).
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
+# Hugging Face repo ids: owner/name with the characters the hub allows.
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# A split GGUF part: `<stem>-00001-of-00003.gguf`.
+SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+_REQUIRED: dict[str, type] = {
+    "name": str,
+    "title": str,
+    "repo": str,
+    "files": list,
+    "quant": str,
+    "size_bytes": int,
+    "params": str,
+    "license": str,
+    "context_length": int,
+    "note": str,
+}
+_OPTIONAL: dict[str, type] = {"aliases": list}
+
+
+class CatalogError(LocalfabError):
+    """The catalog file is missing or malformed (a packaging bug, not a user mistake)."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One curated model: where it lives on the hub and what to expect of it."""
+
+    name: str
+    title: str
+    repo: str
+    files: tuple[str, ...]
+    quant: str
+    size_bytes: int
+    params: str
+    license: str
+    context_length: int
+    note: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The short name followed by its aliases."""
+        return (self.name, *self.aliases)
+
+    @property
+    def page_url(self) -> str:
+        """The model page on huggingface.co (where gated licences are accepted)."""
+        return f"https://huggingface.co/{self.repo}"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All catalog entries, looked up by short name or alias (case-insensitive)."""
+
+    entries: tuple[CatalogEntry, ...]
+    path: Path | None = None
+
+    def get(self, name: str) -> CatalogEntry | None:
+        """The entry called `name` (or with that alias), or None."""
+        wanted = name.strip().casefold()
+        for entry in self.entries:
+            if any(n.casefold() == wanted for n in entry.names):
+                return entry
+        return None
+
+    def __iter__(self) -> Iterator[CatalogEntry]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.entries)
+
+
+def catalog_path() -> Path:
+    """Where the catalog is read from: the first of `CATALOG_PATHS` that exists."""
+    for path in CATALOG_PATHS:
+        if path.is_file():
+            return path
+    raise CatalogError(
+        f"the model catalog is missing (looked in {', '.join(str(p) for p in CATALOG_PATHS)}): "
+        f"reinstall localfab; meanwhile pull models by repo, e.g. `localfab pull OWNER/REPO-GGUF`"
+    )
+
+
+def load_catalog(path: Path | None = None) -> Catalog:
+    """Read and validate the catalog; raise `CatalogError` naming the bad entry and field."""
+    path = catalog_path() if path is None else path
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CatalogError(f"model catalog {path} does not exist") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"model catalog {path} is not valid TOML: {exc}") from exc
+    raw = data.get("model")
+    if not isinstance(raw, list) or not raw:
+        raise CatalogError(f"model catalog {path} has no [[model]] entries")
+    entries = tuple(_entry(item, index, path) for index, item in enumerate(raw))
+    seen: dict[str, str] = {}
+    for entry in entries:
+        for name in entry.names:
+            key = name.casefold()
+            if key in seen:
+                raise CatalogError(
+                    f"model catalog {path}: name {name!r} is used by both {seen[key]!r} "
+                    f"and {entry.name!r}"
+                )
+            seen[key] = entry.name
+    return Catalog(entries=entries, path=path)
+
+
+def _entry(item: Any, index: int, path: Path) -> CatalogEntry:
+    where = f"model catalog {path}, entry {index + 1}"
+    if not isinstance(item, dict):
+        raise CatalogError(f"{where} is not a table")
+    if isinstance(item.get("name"), str):
+        where += f" ({item['name']})"
+    unknown = sorted(set(item) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise CatalogError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    for key, kind in _REQUIRED.items():
+        value = item.get(key)
+        if value is None:
+            raise CatalogError(f"{where}: missing field {key!r}")
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CatalogError(f"{where}: field {key!r} must be a {kind.__name__}")
+        if isinstance(value, str) and not value.strip():
+            raise CatalogError(f"{where}: field {key!r} is empty")
+    for key, kind in _OPTIONAL.items():
+        if key in item and not isinstance(item[key], kind):
+            raise CatalogError(f"{where}: field {key!r} must be a {kind.__name__}")
+
+    names = [item["name"], *item.get("aliases", [])]
+    for name in names:
+        if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+            raise CatalogError(f"{where}: {name!r} is not a valid model name")
+    if not REPO_RE.match(item["repo"]) or ".." in item["repo"]:
+        raise CatalogError(f"{where}: {item['repo']!r} is not a Hugging Face repo id")
+    files = item["files"]
+    if not files or not all(isinstance(f, str) for f in files):
+        raise CatalogError(f"{where}: 'files' must list at least one file name")
+    for file in files:
+        if (
+            "/" in file
+            or "\\" in file
+            or file.startswith(".")
+            or not file.lower().endswith(".gguf")
+        ):
+            raise CatalogError(f"{where}: {file!r} is not a plain .gguf file name")
+        if item["quant"].casefold() not in file.casefold():
+            raise CatalogError(f"{where}: {file!r} does not carry the quant {item['quant']!r}")
+    if len(files) > 1:
+        parts = [SPLIT_RE.match(f) for f in files]
+        if not all(parts) or [int(m.group("part")) for m in parts if m] != list(
+            range(1, len(files) + 1)
+        ):
+            raise CatalogError(f"{where}: several files must be the parts -00001-of-N.. in order")
+    if item["size_bytes"] <= 0 or item["context_length"] <= 0:
+        raise CatalogError(f"{where}: size_bytes and context_length must be positive")
+    return CatalogEntry(
+        name=item["name"],
+        title=item["title"],
+        repo=item["repo"],
+        files=tuple(files),
+        quant=item["quant"],
+        size_bytes=item["size_bytes"],
+        params=item["params"],
+        license=item["license"],
+        context_length=item["context_length"],
+        note=item["note"],
+        aliases=tuple(item.get("aliases", ())),
+    )

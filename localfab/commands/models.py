@@ -1,0 +1,465 @@
+"""`localfab pull | list | show | rm | add`: get models and manage what is on disk.
+
+Only click and the light store module are imported here; `huggingface_hub` is imported inside
+`pull`, and the GGUF reader and planner only where a command shows facts or fit verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from localfab.config import default_paths
+
+if TYPE_CHECKING:
+    from localfab.hub import DownloadProgress
+    from localfab.store import ModelEntry, Store
+
+
+def _store() -> Store:
+    from localfab.store import Store
+
+    return Store(default_paths())
+
+
+def human_size(n: int | None) -> str:
+    """`4.36 GiB`, `812.0 MiB`, `-` for unknown."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def human_age(ts: float | None, *, now: float | None = None) -> str:
+    """`just now`, `5 min ago`, `3 h ago`, `2 days ago`, `never`."""
+    if ts is None:
+        return "never"
+    age = max((time.time() if now is None else now) - ts, 0)
+    if age < 60:
+        return "just now"
+    if age < 3600:
+        return f"{int(age // 60)} min ago"
+    if age < 86400:
+        return f"{int(age // 3600)} h ago"
+    return f"{int(age // 86400)} days ago"
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "--"
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class ProgressLine:
+    """A one-line download progress bar on stderr: bytes, percent, speed, ETA.
+
+    On a terminal the line redraws in place; otherwise (logs, pipes) it prints a line when a file
+    starts and when a stage ends, so logs stay short.
+    """
+
+    def __init__(self, *, enabled: bool = True, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.key: tuple[int, str] | None = None
+        self.last: DownloadProgress | None = None
+        self.width = 0
+
+    def __call__(self, p: DownloadProgress) -> None:
+        if not self.enabled:
+            return
+        key = (p.file_index, p.stage)
+        if key != self.key:
+            self._end_line()
+            self.key = key
+            part = f" (part {p.file_index + 1} of {p.file_count})" if p.file_count > 1 else ""
+            if p.stage == "verify":
+                self._print(f"verifying sha256 of {p.file}{part}")
+            else:
+                resumed = f", resuming at {human_size(p.done)}" if p.done and p.resumed else ""
+                self._print(f"downloading {p.file}{part}, {human_size(p.total)}{resumed}")
+        self.last = p
+        if self.tty:
+            line = self.render(p)
+            pad = " " * max(self.width - len(line), 0)
+            self.stream.write("\r" + line + pad)
+            self.stream.flush()
+            self.width = len(line)
+
+    @staticmethod
+    def render(p: DownloadProgress) -> str:
+        pct = f"{100 * p.done / p.total:5.1f}%" if p.total else "   ?%"
+        if p.stage == "verify":
+            return f"  {human_size(p.done)} / {human_size(p.total)}  {pct}  hashing"
+        speed = f"{human_size(int(p.speed))}/s" if p.speed else "--/s"
+        return (
+            f"  {human_size(p.done)} / {human_size(p.total)}  {pct}  {speed}"
+            f"  ETA {human_duration(p.eta)}"
+        )
+
+    def _print(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def _end_line(self) -> None:
+        if self.last is None:
+            return
+        if self.tty:
+            self.stream.write("\n")
+        else:
+            self._print(self.render(self.last))
+        self.width = 0
+        self.last = None
+
+    def close(self) -> None:
+        if self.enabled:
+            self._end_line()
+
+
+# fit verdicts -----------------------------------------------------------------------------------
+class FitJudge:
+    """Short fit verdicts ("GPU 8k", "20/29 GPU 4k", "CPU 8k", "too big") from the planner.
+
+    The machine is probed once, on first use. A verdict is a nicety: if the planner, the probes
+    or a header fail, the verdict is None and `localfab list` still works.
+    """
+
+    def __init__(self) -> None:
+        self._machine: Any = None
+        self._probed = False
+
+    def machine(self) -> Any:
+        if not self._probed:
+            self._probed = True
+            try:
+                from localfab.hardware import probe_machine
+
+                self._machine = probe_machine()
+            except Exception:  # noqa: BLE001 - no verdicts rather than no list
+                self._machine = None
+        return self._machine
+
+    def __call__(self, path: Path) -> str | None:
+        result = self.plan(path)
+        return None if result is None else summarise_plan(result)
+
+    def plan(self, path: Path) -> Any:
+        """The planner's `Plan` for the file on this machine, or None."""
+        try:
+            from localfab.facts import read_facts
+            from localfab.plan import Wishes, plan
+        except ImportError:
+            return None
+        machine = self.machine()
+        if machine is None:
+            return None
+        try:
+            return plan(read_facts(path), machine, Wishes())
+        except Exception:  # noqa: BLE001 - see the class docstring
+            return None
+
+
+def summarise_plan(result: Any) -> str:
+    """One short cell for a `Plan`: where the layers go and the context it leaves room for."""
+    ctx = f"{result.n_ctx // 1024}k" if result.n_ctx >= 1024 else str(result.n_ctx)
+    if not result.fits:
+        return "too big"
+    if result.gpu is None or result.n_gpu_layers == 0:
+        return f"CPU {ctx}"
+    if result.all_on_gpu:
+        return f"GPU {ctx}"
+    return f"{result.n_gpu_layers}/{result.n_layer + 1} GPU {ctx}"
+
+
+# commands ---------------------------------------------------------------------------------------
+@click.command()
+@click.argument("model")
+@click.option("--name", help="Register under this name (default: catalog or file name).")
+@click.option(
+    "--token",
+    help="Hugging Face token for gated or private repos (default: HF_TOKEN, or `hf auth login`).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def pull(model: str, name: str | None, token: str | None, quiet: bool) -> None:
+    """Download MODEL: a catalog name, OWNER/REPO[:QUANT] or a Hugging Face URL.
+
+    \b
+    The default quant is Q4_K_M; split GGUFs are fetched whole. Free disk
+    space is checked first, an interrupted download resumes where it
+    stopped, and the model is registered only after its sha256 matches the
+    hub's. HF_ENDPOINT selects a mirror; HF_HUB_OFFLINE=1 forbids the network.
+
+    \b
+    Examples:
+      localfab pull qwen2.5:7b
+      localfab pull bartowski/Llama-3.2-3B-Instruct-GGUF:Q5_K_M
+      localfab pull https://huggingface.co/bartowski/phi-4-GGUF
+    """
+    from localfab.hub import Hub, HubConfig
+
+    store = _store()
+    bar = ProgressLine(enabled=not quiet)
+    try:
+        result = Hub(HubConfig.from_env(token=token)).pull(
+            model, store=store, name=name, progress=bar
+        )
+    finally:
+        bar.close()
+    entry = result.entry
+    if result.already_present:
+        click.echo(f"{entry.name} is already here ({human_size(entry.size)}): {entry.path}")
+        return
+    resumed = f", resumed from {human_size(result.resumed)}" if result.resumed else ""
+    check = "sha256 verified" if result.verified else "no sha256 published: size checked only"
+    click.echo(
+        f"pulled {entry.name}: {human_size(entry.size)} {entry.quant or ''} "
+        f"{entry.arch or ''}".rstrip()
+        + f" ({check}{resumed})"
+    )
+    click.echo(f"  {entry.path}")
+    click.echo(f'  run it: localfab run {entry.name} "Hello"')
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array instead of a table.")
+@click.option("--catalog", "show_catalog", is_flag=True, help="The curated models to pull.")
+@click.option("--no-fit", is_flag=True, help="Skip the fit verdict (reads every GGUF header).")
+def list_models(as_json: bool, show_catalog: bool, no_fit: bool) -> None:
+    """The models on this machine (or, with --catalog, the curated ones to pull)."""
+    store = _store()
+    if show_catalog:
+        _list_catalog(store, as_json=as_json)
+        return
+    entries = store.list()
+    judge = FitJudge()
+    fits = {e.name: (None if no_fit or not e.present else judge(e.path)) for e in entries}
+    if as_json:
+        click.echo(json.dumps([_entry_json(e, fits.get(e.name)) for e in entries], indent=2))
+        return
+    if not entries:
+        click.echo("no models yet: `localfab pull qwen2.5:1.5b`, or `localfab list --catalog`")
+    else:
+        rows = [("NAME", "SIZE", "QUANT", "ARCH", "FIT", "LAST USED")]
+        for e in entries:
+            size = human_size(e.size) if e.present else "missing"
+            if e.source == "embedded" and not e.present:
+                size = "built in"
+            rows.append(
+                (
+                    e.name,
+                    size,
+                    e.quant or "-",
+                    e.arch or "-",
+                    fits.get(e.name) or "-",
+                    human_age(e.last_used),
+                )
+            )
+        _table(rows)
+    partials = store.partial_files()
+    if partials:
+        total = sum(p.stat().st_size for p in partials)
+        click.echo(
+            f"{len(partials)} unfinished download(s), {human_size(total)} kept: pulling the "
+            f"same model again resumes it",
+            err=True,
+        )
+
+
+def _list_catalog(store: Store, *, as_json: bool) -> None:
+    from localfab.catalog import load_catalog
+
+    catalog = load_catalog()
+    have = {(e.repo, e.files[0].name) for e in store.list() if e.repo and e.files}
+    if as_json:
+        items = [
+            {
+                "name": c.name,
+                "aliases": list(c.aliases),
+                "title": c.title,
+                "repo": c.repo,
+                "files": list(c.files),
+                "quant": c.quant,
+                "size_bytes": c.size_bytes,
+                "params": c.params,
+                "license": c.license,
+                "context_length": c.context_length,
+                "note": c.note,
+                "downloaded": (c.repo, c.files[0]) in have,
+            }
+            for c in catalog
+        ]
+        click.echo(json.dumps(items, indent=2))
+        return
+    rows = [("NAME", "SIZE", "PARAMS", "CONTEXT", "LICENCE", "", "NOTE")]
+    for c in catalog:
+        here = "here" if (c.repo, c.files[0]) in have else ""
+        rows.append(
+            (
+                c.name,
+                f"~{human_size(c.size_bytes)}",
+                c.params,
+                f"{c.context_length // 1024}k",
+                c.license,
+                here,
+                c.note,
+            )
+        )
+    _table(rows)
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r[:-1], widths[:-1], strict=True)] + [r[-1]]
+        click.echo("  ".join(cells).rstrip())
+
+
+def _entry_json(e: ModelEntry, fit: str | None) -> dict[str, Any]:
+    return {
+        "name": e.name,
+        "path": str(e.path),
+        "files": [str(p) for p in e.files],
+        "size": e.size,
+        "quant": e.quant,
+        "arch": e.arch,
+        "source": e.source,
+        "repo": e.repo,
+        "revision": e.revision,
+        "sha256": list(e.sha256),
+        "present": e.present,
+        "fit": fit,
+        "added": e.added,
+        "last_used": e.last_used,
+    }
+
+
+@click.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
+def show(name: str, as_json: bool) -> None:
+    """What NAME is: file, size, quant, origin, and the facts in its GGUF header."""
+    from localfab.errors import ModelNotFound
+
+    store = _store()
+    path = store.resolve(name)
+    entry = store.get(name) or next((e for e in store.list() if e.path == path), None)
+    facts: Any = None
+    try:
+        from localfab.facts import read_facts
+    except ImportError:
+        read_facts = None  # type: ignore[assignment]
+    if read_facts is not None:
+        facts = read_facts(path)
+    model_plan = FitJudge().plan(path)
+    fit = None if model_plan is None else summarise_plan(model_plan)
+    if as_json:
+        data = _entry_json(entry, fit) if entry else {"name": name, "path": str(path)}
+        if facts is not None and hasattr(facts, "to_dict"):
+            data["facts"] = facts.to_dict()
+        if model_plan is not None and hasattr(model_plan, "to_dict"):
+            data["plan"] = model_plan.to_dict()
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    if entry is None and not path.is_file():
+        raise ModelNotFound(f"{name}: {path} does not exist")
+    lines: list[tuple[str, str]] = [("name", entry.name if entry else name), ("path", str(path))]
+    if entry is not None:
+        if len(entry.files) > 1:
+            lines.append(("parts", str(len(entry.files))))
+        lines += [
+            ("size", human_size(entry.size)),
+            ("quant", entry.quant or "-"),
+            ("source", entry.source + (f" ({entry.repo})" if entry.repo else "")),
+        ]
+        if entry.revision:
+            lines.append(("revision", entry.revision))
+        if entry.sha256 and any(entry.sha256):
+            lines.append(("sha256", ", ".join(s for s in entry.sha256 if s)))
+        lines.append(("last used", human_age(entry.last_used)))
+    else:
+        lines.append(("size", human_size(path.stat().st_size)))
+    if facts is not None:
+        lines += [
+            ("architecture", str(getattr(facts, "arch", "-"))),
+            ("layers", str(getattr(facts, "n_layer", "-"))),
+            ("embedding", str(getattr(facts, "n_embd", "-"))),
+            (
+                "heads / KV heads",
+                f"{getattr(facts, 'n_head', '-')} / {getattr(facts, 'n_head_kv', '-')}",
+            ),
+            ("trained context", str(getattr(facts, "n_ctx_train", "-"))),
+            ("vocabulary", str(getattr(facts, "n_vocab", "-"))),
+            ("sliding window", str(getattr(facts, "sliding_window", None) or "none")),
+            ("chat template", "yes" if getattr(facts, "chat_template", None) else "no"),
+        ]
+    lines.append(("fit", fit or "unknown (no planner available)"))
+    if model_plan is not None:
+        lines.append(
+            (
+                "plan",
+                f"-ngl {model_plan.n_gpu_layers} -c {model_plan.n_ctx} "
+                f"-ctk {model_plan.type_k} -ctv {model_plan.type_v}, "
+                f"about {model_plan.predicted_tok_s:.1f} tok/s (`localfab plan {name}` explains)",
+            )
+        )
+        lines += [("warning", w) for w in getattr(model_plan, "warnings", ())]
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        click.echo(f"{key.ljust(width)}  {value}")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def rm(name: str, yes: bool) -> None:
+    """Remove NAME: delete a downloaded model's files, or forget a model added by path."""
+    from localfab.embedded import EMBEDDED_NAME
+    from localfab.errors import ModelNotFound
+
+    store = _store()
+    entry = store.get(name)
+    if entry is None and name.strip().casefold() != EMBEDDED_NAME:
+        raise ModelNotFound(f"no model called {name!r} is registered: `localfab list` shows them")
+    if not yes:
+        if entry is not None and not entry.owned:
+            question = f"forget {entry.name}? (the file stays at {entry.path})"
+        else:
+            size = human_size(entry.size) if entry is not None else "its"
+            question = (
+                f"remove {entry.name if entry else EMBEDDED_NAME} and delete {size} of files?"
+            )
+        if not click.confirm(question, default=False, err=True):
+            click.echo("nothing removed", err=True)
+            sys.exit(1)
+    removed = store.remove(name)
+    if removed.kept:
+        click.echo(f"forgot {removed.name}; the file stays at {removed.kept[0]}")
+    else:
+        click.echo(f"removed {removed.name}, freed {human_size(removed.bytes_freed)}")
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--name", help="Register under this name (default: from the file name).")
+def add(path: Path, name: str | None) -> None:
+    """Register the GGUF file PATH where it is, without copying it."""
+    entry = _store().add(path, name=name)
+    what = f"{human_size(entry.size)} {entry.quant or ''} {entry.arch or ''}".rstrip()
+    click.echo(f"added {entry.name}: {what}")
+    click.echo(f"  {entry.path}")
+
+
+COMMANDS = [pull, list_models, show, rm, add]
