@@ -15,6 +15,8 @@ from localfab.errors import ModelError, ModelNotFound
 if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
     from localfab.engine import Engine
+    from localfab.hardware import Machine
+    from localfab.plan import Plan
 
 log = logging.getLogger("localfab.runtime")
 
@@ -54,6 +56,18 @@ class LoadedModel:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def plan_for(path: Path, **wishes: object) -> tuple[Plan, Machine]:
+    """Plan the load of `path` on this machine; explicit wishes (-c, -ngl, -ctk...) override."""
+    from localfab.facts import read_facts
+    from localfab.hardware import probe_machine
+    from localfab.plan import Wishes, plan
+
+    facts = read_facts(path)
+    machine = probe_machine()
+    chosen = plan(facts, machine, Wishes(**{k: v for k, v in wishes.items() if v is not None}))  # type: ignore[arg-type]
+    return chosen, machine
 
 
 def load_model(path: Path, settings: EngineSettings) -> LoadedModel:

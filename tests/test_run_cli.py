@@ -70,10 +70,30 @@ def test_run_streams_answer_json(model_path: Path, lf_env):
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert result["finish_reason"] == "length"
-    assert result["usage"]["completion_tokens"] == 12
-    assert result["timings"]["predicted_n"] == 12
+    # A reply cut at -n is continued (3 times by default) as a prefilled turn.
+    assert result["finish_reason"] == "length" and result["continues"] == 3
+    assert result["usage"]["completion_tokens"] == 48
+    assert result["timings"]["predicted_n"] == 12  # the first piece's timings
     assert result["text"].strip()
+    once = lf(
+        [
+            "run",
+            str(model_path),
+            "The capital of France is",
+            "-n",
+            "12",
+            "--temperature",
+            "0",
+            "--raw",
+            "--json",
+            "--max-continues",
+            "0",
+        ],
+        lf_env,
+    )
+    single = json.loads(once.stdout)
+    assert single["continues"] == 0 and single["usage"]["completion_tokens"] == 12
+    assert result["text"].startswith(single["text"])
 
 
 def test_run_embedded_name_with_template_and_verbose(lf_env):
@@ -114,7 +134,7 @@ def test_truncated_gguf(model_path: Path, lf_env, tmp_path):
         dst.write(src.read(8 * 1024 * 1024))
     proc = lf(["run", str(cut), "hi"], lf_env)
     assert_one_clean_error(proc, 3, "cut.gguf")
-    assert "truncated or corrupt" in proc.stderr
+    assert "truncated" in proc.stderr
 
 
 def test_unknown_model_name(lf_env):

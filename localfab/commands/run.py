@@ -66,6 +66,12 @@ def read_prompt(words: tuple[str, ...]) -> str:
     "-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)."
 )
 @click.option(
+    "--max-continues",
+    type=int,
+    default=None,
+    help="Times a reply cut at --max-tokens is continued (default 3; 0 disables).",
+)
+@click.option(
     "--raw", is_flag=True, help="Send the prompt as plain text, without the chat template."
 )
 @click.option(
@@ -95,6 +101,7 @@ def run(
     cache_type_v: str | None,
     flash_attn: str | None,
     threads: int | None,
+    max_continues: int | None,
     raw: bool,
     as_json: bool,
     verbose: bool,
@@ -104,11 +111,10 @@ def run(
     Piped standard input is added after PROMPT: cat notes.md | localfab run MODEL "Summarize:".
     Ctrl-C stops the answer, keeps what was printed and exits with 130.
     """
-    from dataclasses import replace
-
+    from localfab.chat.session import ChatSession, Continued, Reply, Shifted
     from localfab.config import Config, default_paths
-    from localfab.engine import Done, EngineSettings, SamplingParams
-    from localfab.runtime import load_model, resolve_model
+    from localfab.engine import EngineSettings, SamplingParams
+    from localfab.runtime import load_model, plan_for, resolve_model
 
     setup_logging(verbose)
     if max_tokens == 0 or max_tokens < -1:
@@ -116,9 +122,9 @@ def run(
             f"--max-tokens must be a positive number or -1 (no limit), not {max_tokens}"
         )
     if ctx_size is not None and ctx_size < 16:
-        raise UsageError(
-            f"--ctx-size {ctx_size} is too small; use at least 16, or 0 for the model's own"
-        )
+        raise UsageError(f"--ctx-size {ctx_size} is too small; use at least 16")
+    if max_continues is not None and max_continues < 0:
+        raise UsageError(f"--max-continues must be 0 or more, not {max_continues}")
     text = read_prompt(prompt)
     if not text.strip():
         raise UsageError("no prompt: give it as arguments or pipe it on standard input")
@@ -127,23 +133,25 @@ def run(
     config = Config.load(paths)
     path = resolve_model(model, paths)
 
-    settings = EngineSettings(
-        n_ctx=ctx_size or config.ctx_size or 4096, flash_attn=config.flash_attn
-    )  # type: ignore[arg-type]
-    overrides: dict[str, Any] = {}
-    if n_gpu_layers is not None:
-        overrides["n_gpu_layers"] = n_gpu_layers
-    if cache_type_k:
-        overrides["type_k"] = cache_type_k
-    if cache_type_v:
-        overrides["type_v"] = cache_type_v
-    if flash_attn:
-        overrides["flash_attn"] = flash_attn
-    if threads:
-        overrides["n_threads"] = threads
-    elif config.threads:
-        overrides["n_threads"] = config.threads
-    settings = replace(settings, **overrides)
+    # The planner picks the context, GPU layers, KV types and threads for this machine;
+    # explicit options override it, and the plan says what they cost.
+    chosen, machine = plan_for(
+        path,
+        n_ctx=ctx_size or config.ctx_size or None,
+        min_ctx=min(config.min_ctx, ctx_size) if ctx_size else config.min_ctx,
+        n_gpu_layers=n_gpu_layers,
+        type_k=cache_type_k,
+        type_v=cache_type_v,
+        flash_attn=flash_attn or config.flash_attn,
+        threads=threads or config.threads or None,
+    )
+    if verbose:
+        from localfab.commands.planning import render_plan
+
+        click.echo(render_plan(chosen, machine), err=True)
+    if not chosen.fits:
+        chosen.require_fit()
+    settings = EngineSettings(**chosen.settings_kwargs())
 
     loaded = load_model(path, settings)
     engine = loaded.engine
@@ -156,14 +164,6 @@ def run(
             err=True,
         )
 
-    if raw:
-        tokens = loaded.prompts.raw(text if system is None else f"{system}\n\n{text}")
-    else:
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": text}
-        ]
-        tokens = loaded.prompts.tokens(messages)
-
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
 
@@ -175,32 +175,66 @@ def run(
         repeat_penalty=pick(repeat_penalty, config.repeat_penalty),
         seed=seed,
     )
+    session = ChatSession(
+        engine,
+        loaded.prompts,
+        system=None if raw else system,
+        max_continues=pick(max_continues, config.max_continues),
+    )
+    if raw:
+        tokens = loaded.prompts.raw(text if system is None else f"{system}\n\n{text}")
+        events = session.complete(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
+    else:
+        tokens = loaded.prompts.tokens(session.window() + [{"role": "user", "content": text}])
+        events = session.send(text, max_tokens=max_tokens, sampling=sampling, stop=stop)
     out = click.get_text_stream("stdout")
-    done: Done | None = None
-    for event in engine.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop):
-        if isinstance(event, Done):
-            done = event
+    reply: Reply | None = None
+    for event in events:
+        if isinstance(event, Reply):
+            reply = event
+        elif isinstance(event, Continued):
+            if verbose:
+                click.echo(
+                    f"\nlocalfab: the reply hit the token limit; continuing "
+                    f"({event.count}/{event.limit})",
+                    err=True,
+                )
+        elif isinstance(event, Shifted):
+            click.echo(f"\nlocalfab: {event.describe()}", err=True)
         elif event.text and not as_json:
             out.write(event.text)
             out.flush()
-    assert done is not None
+    assert reply is not None
+    last = reply.pieces[-1]
     if as_json:
-        result = {"model": model, **done.to_dict()}
+        result = {
+            "model": model,
+            "text": reply.text,
+            "finish_reason": reply.finish_reason,
+            "stop_type": reply.stop_type,
+            "stopping_word": last.stopping_word,
+            "continues": reply.continues,
+            "usage": {
+                "prompt_tokens": len(tokens),
+                "completion_tokens": reply.completion_tokens,
+                "total_tokens": len(tokens) + reply.completion_tokens,
+            },
+            "timings": reply.timings.to_dict(),
+        }
         out.write(json.dumps(result, ensure_ascii=False) + "\n")
     else:
         out.write("\n")
     out.flush()
     if verbose:
-        t = done.timings
-        decode = (
-            (t.predicted_n - 1) / t.predicted_ms * 1e3
-            if t.predicted_ms > 0 and t.predicted_n > 1
-            else 0.0
-        )
+        t = reply.timings
+        steps = sum(max(0, p.timings.predicted_n - 1) for p in reply.pieces)
+        decode_ms = sum(p.timings.predicted_ms for p in reply.pieces)
+        decode = steps / decode_ms * 1e3 if decode_ms > 0 else 0.0
         click.echo(
             f"localfab: {t.prompt_n} prompt tokens ({t.cache_n} cached), TTFT {t.ttft_ms:.0f} ms, "
-            f"prompt {t.prompt_per_second:.1f} tok/s, decode {decode:.1f} tok/s "
-            f"({t.predicted_n} tokens), stop: {done.stop_type}",
+            f"prompt {t.prompt_per_second:.1f} tok/s, decode {decode:.1f} tok/s; "
+            f"{reply.completion_tokens} tokens, {reply.continues} continuation(s), "
+            f"stop: {reply.stop_type}",
             err=True,
         )
     loaded.close()

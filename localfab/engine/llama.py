@@ -250,7 +250,20 @@ class Engine:
         # Tokens whose KV cells sit in the cache at positions 0..len-1, in order.
         self._cached: list[int] = []
         self._eog: list[int] | None = None
+        if self.settings.warmup:
+            self._warmup()
         self._lock = threading.Lock()
+
+    def _warmup(self) -> None:
+        """One throw-away decode, as llama-server does at start-up: it pages the weights in and
+        sizes the compute graph, so the first real request does not pay for it in its TTFT."""
+        lc.llama_set_warmup(self._ctx, True)
+        try:
+            bos = lc.llama_vocab_bos(self._vocab)
+            self._decode([bos if bos >= 0 else 0], 0)
+        finally:
+            lc.llama_set_warmup(self._ctx, False)
+            self.clear_cache()
 
     # --- lifecycle ---------------------------------------------------------------------------
 

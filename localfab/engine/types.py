@@ -29,6 +29,7 @@ class EngineSettings:
     # Full-size sliding-window cache: needed to reuse a cached prefix and to shift the KV cache of
     # models with sliding-window layers (Gemma 2/3); without it llama.cpp keeps only the window.
     swa_full: bool = True
+    warmup: bool = True  # one throw-away decode at load so the first request is not slow
 
 
 @dataclass(frozen=True)
