@@ -21,6 +21,7 @@ Exit codes:
   3    model missing, unknown, not GGUF, truncated or corrupt
   4    prompt does not fit in the context window
   5    download or hub failure
+  6    the model does not fit in memory
   130  interrupted (Ctrl-C)
 """
 

@@ -13,6 +13,7 @@ EXIT_USAGE = 2  # bad option or argument (click's own code)
 EXIT_MODEL = 3  # model missing, not a GGUF file, truncated or corrupt, unknown name
 EXIT_CONTEXT = 4  # prompt does not fit in the context window
 EXIT_NETWORK = 5  # download or hub failure
+EXIT_FIT = 6  # the model does not fit in this machine's memory
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 

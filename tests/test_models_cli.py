@@ -158,3 +158,20 @@ def test_list_catalog(env: dict[str, str]) -> None:
     assert "qwen2.5:7b" in out.stdout and "llama3.2:3b" in out.stdout
     items = json.loads(lf(env, "list", "--catalog", "--json").stdout)
     assert len(items) >= 12 and not any(i["downloaded"] for i in items)
+
+
+def test_plan_before_download_reads_only_the_header(
+    env: dict[str, str], fake: FakeHub, model_path: Path
+) -> None:
+    repo = "owner/gemma-3-270m-it-GGUF"
+    fake.add_file(repo, "gemma-3-270m-it-Q4_K_M.gguf", disk=model_path)
+    proc = lf(env, "plan", repo, "--profile", "rtx3060-laptop-6gb", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["arch"] == "gemma3" and data["fits"]
+    assert data["n_gpu_layers"] == data["n_layer"] + 1  # everything on the 6 GB card
+    assert 0 < data["header_bytes_fetched"] == fake.bytes_sent() < 16 * 2**20
+    text = lf(env, "plan", f"{repo}:Q4_K_M", "--profile", "cpu-only-16gb")
+    assert text.returncode == 0, text.stderr
+    assert "planned before download" in text.stdout
+    assert not list(Path(env["LOCALFAB_HOME"]).rglob("*.gguf"))  # nothing was downloaded

@@ -184,19 +184,37 @@ def plan(
     as_json: bool,
     **options: Any,
 ) -> None:
-    """Show how MODEL would be loaded: GPU layers, context, KV cache, memory, speed, and why."""
+    """Show how MODEL would be loaded: GPU layers, context, KV cache, memory, speed, and why.
+
+    MODEL is a .gguf path, a registered name, or — to check the fit before downloading — a
+    catalog name, OWNER/REPO[:QUANT] or Hugging Face URL, of which only the header is read.
+    """
+    from localfab.errors import ModelNotFound
     from localfab.facts import read_facts
     from localfab.plan import plan as make_plan
 
     machine = _machine(profile, vram, ram)
-    facts = read_facts(_resolve(model))
+    fetched: int | None = None
+    try:
+        facts = read_facts(_resolve(model))
+    except ModelNotFound:
+        # Not on disk: fit before download, reading only the header of the file on the hub.
+        from localfab.hub import open_remote
+
+        remote = open_remote(model)
+        facts = read_facts(remote.sources[0])
+        fetched = remote.bytes_fetched
     result = make_plan(facts, machine, _wishes(**options))
     if as_json:
         data = result.to_dict()
         data["machine"] = machine.to_dict()
+        if fetched is not None:
+            data["header_bytes_fetched"] = fetched
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(render_plan(result, machine))
+        if fetched is not None:
+            click.echo(f"\n(planned before download: read {fetched / MiB:.1f} MiB of the header)")
 
 
 @click.command("doctor")

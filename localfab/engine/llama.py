@@ -232,6 +232,7 @@ class Engine:
         cparams.type_k = _GGML_TYPES[s.type_k]
         cparams.type_v = _GGML_TYPES[s.type_v]
         cparams.swa_full = s.swa_full
+        cparams.op_offload = s.op_offload
         cparams.no_perf = True
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:

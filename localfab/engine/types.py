@@ -29,6 +29,9 @@ class EngineSettings:
     # Full-size sliding-window cache: needed to reuse a cached prefix and to shift the KV cache of
     # models with sliding-window layers (Gemma 2/3); without it llama.cpp keeps only the window.
     swa_full: bool = True
+    # Offload host-side matrix ops to the GPU for large batches; the planner turns it off when
+    # the GPU cannot hold the extra compute buffer.
+    op_offload: bool = True
     warmup: bool = True  # one throw-away decode at load so the first request is not slow
 
 
