@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,9 @@ class Paths:
         return self.config_dir / "themes"
 
 
-def default_paths(env: dict[str, str] | None = None) -> Paths:
+def default_paths(env: Mapping[str, str] | None = None) -> Paths:
     """Paths for this user; `LOCALFAB_HOME` overrides all of them."""
-    env = os.environ if env is None else env  # type: ignore[assignment]
-    home = env.get("LOCALFAB_HOME")
+    home = (os.environ if env is None else env).get("LOCALFAB_HOME")
     if home:
         root = Path(home).expanduser()
         return Paths(config_dir=root / "config", data_dir=root / "data", cache_dir=root / "cache")
@@ -88,9 +88,9 @@ class Config:
     flash_attn: str = field(default="auto", metadata={"doc": "auto, on or off"})
 
     @classmethod
-    def load(cls, paths: Paths, env: dict[str, str] | None = None) -> Config:
+    def load(cls, paths: Paths, env: Mapping[str, str] | None = None) -> Config:
         """Read config.toml (if any) and apply environment overrides."""
-        env = os.environ if env is None else env  # type: ignore[assignment]
+        environ: Mapping[str, str] = os.environ if env is None else env
         values: dict[str, Any] = {}
         if paths.config_file.is_file():
             try:
@@ -108,8 +108,8 @@ class Config:
             )
         for name in known:
             key = f"LOCALFAB_{name.upper()}"
-            if key in env:
-                values[name] = env[key]
+            if key in environ:
+                values[name] = environ[key]
         config = cls()
         converted: dict[str, Any] = {}
         for name, raw in values.items():

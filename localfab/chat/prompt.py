@@ -11,9 +11,12 @@ from localfab.templates import ChatTemplate, resolve_template
 class Tokenizer(Protocol):
     """What prompt building needs from an engine."""
 
-    add_bos: bool
-    bos_token: int
-    eos_token: int
+    @property
+    def add_bos(self) -> bool: ...
+    @property
+    def bos_token(self) -> int: ...
+    @property
+    def eos_token(self) -> int: ...
 
     def tokenize(
         self, text: str, *, add_special: bool = ..., parse_special: bool = ...

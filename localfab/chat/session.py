@@ -368,15 +368,23 @@ class ChatSession:
         session_id: int,
         engine: object,
         prompts: PromptBuilder,
-        **options: object,
+        *,
+        max_continues: int = 3,
+        reply_reserve: int | None = None,
     ) -> ChatSession:
         """Reload a stored session, fit its window and rebuild the KV cache for it."""
         stored = history.session(session_id)
         if stored is None:
             raise ValueError(f"no chat session {session_id}")
         session = cls(
-            engine, prompts, system=stored.system, history=history, session_id=session_id, **options
-        )  # type: ignore[arg-type]
+            engine,
+            prompts,
+            system=stored.system,
+            history=history,
+            session_id=session_id,
+            max_continues=max_continues,
+            reply_reserve=reply_reserve,
+        )
         session.messages = [
             {"role": m.role, "content": m.content} for m in history.messages(session_id)
         ]

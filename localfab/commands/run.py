@@ -28,7 +28,7 @@ def setup_logging(verbose: bool) -> None:
 def read_prompt(words: tuple[str, ...]) -> str:
     """The prompt from the arguments, with piped standard input added after it."""
     prompt = " ".join(words)
-    stdin = click.get_text_stream("stdin")
+    stdin = sys.stdin
     if not stdin.isatty():
         piped = stdin.read()
         if piped.strip():
@@ -187,7 +187,7 @@ def run(
     else:
         tokens = loaded.prompts.tokens(session.window() + [{"role": "user", "content": text}])
         events = session.send(text, max_tokens=max_tokens, sampling=sampling, stop=stop)
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     reply: Reply | None = None
     for event in events:
         if isinstance(event, Reply):
