@@ -102,6 +102,8 @@ def test_run_embedded_name_with_template_and_verbose(lf_env):
     assert proc.stdout.strip()
     assert "built-in 'gemma' template" in proc.stderr
     assert "TTFT" in proc.stderr and "decode" in proc.stderr and "tok/s" in proc.stderr
+    # run loads through the planner and -v shows the plan it used.
+    assert "Plan for" in proc.stderr and "context (-c)" in proc.stderr
 
 
 def test_piped_stdin_is_added_to_the_prompt(model_path: Path, lf_env):
