@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import llama_cpp as lc
+import numpy as np
 
 from localfab.engine.text import StopMatcher, Utf8Stream
 from localfab.engine.types import (
@@ -648,8 +649,28 @@ class Engine:
             t_first = 0.0
             vocab = self._vocab
             ctx = self._ctx
+            # Plain greedy decoding needs only the arg-max of the logits: numpy finds it in a
+            # fraction of the time the C sampler spends building its 262k-entry candidate list.
+            fast_greedy = (
+                sampling.temperature <= 0
+                and not sampling.grammar
+                and sampling.repeat_penalty == 1.0
+                and not sampling.frequency_penalty
+                and not sampling.presence_penalty
+            )
+            eog = np.array(self._eog_tokens()) if fast_greedy and sampling.ignore_eos else None
             while True:
-                tok = lc.llama_sampler_sample(sampler, ctx, -1)
+                if fast_greedy:
+                    logits = np.ctypeslib.as_array(
+                        lc.llama_get_logits_ith(ctx, -1), shape=(self.n_vocab,)
+                    )
+                    tok = int(logits.argmax())
+                    if eog is not None and tok in eog:
+                        masked = logits.copy()
+                        masked[eog] = -np.inf
+                        tok = int(masked.argmax())
+                else:
+                    tok = lc.llama_sampler_sample(sampler, ctx, -1)
                 if not generated:
                     t_first = time.perf_counter()
                 if lc.llama_vocab_is_eog(vocab, tok):
