@@ -77,7 +77,8 @@ def test_shift_keeps_the_model_behaviour(small_engine):
     The kept cells were computed while the dropped turns were still visible, so they carry traces
     of them and exact equality is not expected (every KV shift, llama-server's included, has this
     property). What must hold is that, fed the same tokens, a fresh evaluation mostly picks the
-    same next token: the agreement is measured position by position (teacher forcing).
+    same next token: the agreement is measured position by position (teacher forcing), and
+    compared with how well the full, unshifted context agrees.
     """
     prompts = PromptBuilder(small_engine)
     turns = []
@@ -98,14 +99,27 @@ def test_shift_keeps_the_model_behaviour(small_engine):
     no_eos = SamplingParams(temperature=0, ignore_eos=True)
     shifted = small_engine.generate(kept, max_tokens=n, sampling=no_eos)
     assert shifted.timings.prompt_n == 1  # only the last prompt token was evaluated again
-    small_engine.clear_cache()
-    agree = 0
-    for i in range(n):
-        small_engine.evaluate(kept + list(shifted.tokens[:i]))
-        agree += small_engine.top_tokens(1)[0][0] == shifted.tokens[i]
-    print(f"shift agreement: {agree}/{n} next-token choices identical to a fresh evaluation")
-    # Measured 45/48 on this model; a cache whose cells were moved wrongly agrees on few.
-    assert agree / n >= 0.8
+
+    def agreement(prefix: list[int]) -> int:
+        """How many of the shifted run's choices a fresh evaluation of prefix + run repeats."""
+        small_engine.clear_cache()
+        same = 0
+        for i in range(n):
+            small_engine.evaluate(prefix + list(shifted.tokens[:i]))
+            same += small_engine.top_tokens(1)[0][0] == shifted.tokens[i]
+        return same
+
+    fresh_kept = agreement(kept)
+    full_context = agreement(full)
+    print(
+        f"shift agreement: {fresh_kept}/{n} next-token choices identical to a fresh evaluation "
+        f"of the kept window (the full, unshifted context: {full_context}/{n})"
+    )
+    # The shifted cache sits between the full context (whose traces its cells keep) and a fresh
+    # evaluation of the kept window: it must agree with the fresh evaluation at least about as
+    # well as the full context does, and on most choices. Measured here: 39/48 and 38/48.
+    assert fresh_kept >= full_context - 3
+    assert fresh_kept / n >= 0.7
 
 
 def test_continuation_joins_to_one_long_generation(small_engine):
