@@ -49,16 +49,11 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from localfab.commands import run as run_cmds
+    # Each module imports only click and light modules at import time (`--help` stays instant).
+    from localfab.commands import models, planning, run, serve
 
-    cli.add_command(run_cmds.run)
-    for name in ("planning", "models", "serve"):
-        try:
-            module = __import__(f"localfab.commands.{name}", fromlist=["COMMANDS"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"localfab.commands.{name}":
-                raise
-            continue
+    cli.add_command(run.run)
+    for module in (planning, models, serve):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -177,3 +177,33 @@ def test_drop_span_shifts_without_reprocessing(engine):
     assert engine.cached_tokens == head + tail
     done = engine.generate(head + tail, max_tokens=4, sampling=GREEDY)
     assert done.timings.cache_n == len(head + tail) - 1
+
+
+def test_repeat_penalty_and_logit_bias(engine):
+    tokens = engine.tokenize(PROMPT)
+    plain = engine.generate(tokens, max_tokens=24, sampling=GREEDY)
+    penalized = engine.generate(
+        tokens, max_tokens=24, sampling=SamplingParams(temperature=0.0, repeat_penalty=1.5)
+    )
+    assert penalized.finish_reason == "length" and penalized.text != plain.text
+    banned = plain.tokens[0]
+    biased = engine.generate(
+        tokens,
+        max_tokens=4,
+        sampling=SamplingParams(temperature=0.0, logit_bias=((banned, float("-inf")),)),
+    )
+    assert biased.tokens[0] != banned
+
+
+def test_token_bytes_from_another_thread_during_generation(engine):
+    tokens = engine.tokenize(MIXED, add_special=False)
+    expected = [engine.token_bytes(t) for t in tokens]
+    seen: list[list[bytes]] = []
+    gen = engine.stream(engine.tokenize(PROMPT), max_tokens=20, sampling=GREEDY)
+    next(gen)
+    worker = threading.Thread(target=lambda: seen.append([engine.token_bytes(t) for t in tokens]))
+    worker.start()
+    for _ in gen:
+        pass
+    worker.join()
+    assert seen == [expected]

@@ -248,7 +248,9 @@ class Engine:
         self.n_batch = lc.llama_n_batch(self._ctx)
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        # A reused piece buffer for the thread that generates; other threads get their own.
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._owner = threading.get_ident()
         # Tokens whose KV cells sit in the cache at positions 0..len-1, in order.
         self._cached: list[int] = []
         self._eog: list[int] | None = None
@@ -317,6 +319,15 @@ class Engine:
         return self.metadata().get("general.architecture", "")
 
     @property
+    def n_params(self) -> int:
+        return int(lc.llama_model_n_params(self._model))
+
+    @property
+    def size(self) -> int:
+        """Bytes of all tensors."""
+        return int(lc.llama_model_size(self._model))
+
+    @property
     def bos_token(self) -> int:
         return lc.llama_vocab_bos(self._vocab)
 
@@ -364,7 +375,11 @@ class Engine:
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         """The bytes one token stands for (may be part of a UTF-8 character)."""
-        buf = self._piece_buf
+        buf = (
+            self._piece_buf
+            if threading.get_ident() == self._owner
+            else ctypes.create_string_buffer(256)
+        )
         n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
@@ -555,17 +570,24 @@ class Engine:
                 lc.llama_sampler_free(chain)
                 raise UsageError("the grammar could not be parsed")
             add(chain, grammar)
+        bias = dict(p.logit_bias)
         if p.ignore_eos:
-            eog = self._eog_tokens()
-            biases = (lc.llama_logit_bias * len(eog))(
-                *(lc.llama_logit_bias(token=t, bias=float("-inf")) for t in eog)
+            bias.update({t: float("-inf") for t in self._eog_tokens()})
+        if bias:
+            self.check_tokens(list(bias))
+            biases = (lc.llama_logit_bias * len(bias))(
+                *(lc.llama_logit_bias(token=t, bias=b) for t, b in bias.items())
             )
-            add(chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(eog), biases))
+            add(chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(bias), biases))
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(
                 chain,
                 lc.llama_sampler_init_penalties(
-                    p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                    self.n_vocab,
+                    p.repeat_last_n,
+                    p.repeat_penalty,
+                    p.frequency_penalty,
+                    p.presence_penalty,
                 ),
             )
         if p.temperature <= 0:
@@ -618,6 +640,7 @@ class Engine:
         self.check_tokens(prompt)
         if not self._lock.acquire(blocking=False):
             raise LocalfabError("the engine is busy with another generation")
+        self._owner = threading.get_ident()
         sampler = None
         try:
             sampling = sampling or SamplingParams()
@@ -654,6 +677,7 @@ class Engine:
             fast_greedy = (
                 sampling.temperature <= 0
                 and not sampling.grammar
+                and not sampling.logit_bias
                 and sampling.repeat_penalty == 1.0
                 and not sampling.frequency_penalty
                 and not sampling.presence_penalty

@@ -50,6 +50,7 @@ class SamplingParams:
     seed: int = -1  # -1: a random seed
     grammar: str | None = None  # GBNF; constrains the output (JSON mode, schemas)
     ignore_eos: bool = False  # never pick an end-of-generation token (benchmarks)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans a token
 
     @classmethod
     def greedy(cls) -> SamplingParams:

@@ -1,0 +1,287 @@
+"""Request fields with llama-server's names, defaults, limits and error messages.
+
+llama-server evaluates each field through a schema (tools/server/server-schema.cpp): `null` means
+"use the default", a wrong JSON type or a value outside a hard limit is a 400 naming the field, and
+soft limits are clamped. These helpers do the same so clients see the same answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from localfab.engine.types import SamplingParams
+from localfab.server.errors import ApiError
+from localfab.server.settings import ServerSettings
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def json_type(value: Any) -> str:
+    """nlohmann::json's type names, used in llama-server's type errors."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _type_error(name: str, want: str, value: Any) -> ApiError:
+    return ApiError(
+        f"Field '{name}': [json.exception.type_error.302] type must be {want}, "
+        f"but is {json_type(value)}"
+    )
+
+
+def _fmt(value: float, integer: bool) -> str:
+    # std::to_string: integers plainly, floats with six decimals.
+    return str(int(value)) if integer else f"{value:.6f}"
+
+
+def _present(body: Mapping[str, Any], *names: str) -> tuple[str, Any] | None:
+    for name in names:
+        if body.get(name) is not None:
+            return name, body[name]
+    return None
+
+
+def number(
+    body: Mapping[str, Any],
+    *names: str,
+    default: float,
+    integer: bool = False,
+    hard: tuple[float, float] | None = None,
+    soft: tuple[float, float] | None = None,
+) -> Any:
+    """A numeric field (first of `names` present); booleans count as 0/1 as in nlohmann."""
+    found = _present(body, *names)
+    if found is None:
+        return default
+    name, value = found
+    if not isinstance(value, int | float):
+        raise _type_error(name, "number", value)
+    value = float(value) if isinstance(value, float) else int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _type_error(name, "number", None)
+    if integer:
+        value = math.trunc(value)
+    if hard is not None:
+        lo, hi = hard
+        if not lo <= value <= hi:
+            raise ApiError(
+                f"Field '{name}': Value must be between {_fmt(lo, integer)} <= value <= "
+                f"{_fmt(hi, integer)}, but got {_fmt(value, integer)}"
+            )
+    if soft is not None:
+        value = max(soft[0], min(soft[1], value))
+    elif integer and not -INT64_MAX <= value <= INT64_MAX:
+        raise ApiError(f"Field '{name}': value {value} is out of range")
+    return int(value) if integer else float(value)
+
+
+def boolean(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _type_error(name, "boolean", value)
+    return value
+
+
+def stop_words(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """`stop`: a string or an array of strings; empty strings are ignored."""
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if isinstance(value, list):
+        words = []
+        for word in value:
+            if not isinstance(word, str):
+                raise _type_error("stop", "string", word)
+            if word:
+                words.append(word)
+        return tuple(words)
+    return ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request's generation options, already validated."""
+
+    n_predict: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool = False
+    include_usage: bool = False
+    cache_prompt: bool = True
+    return_tokens: bool = False
+    n_keep: int = 0
+    settings_json: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+    """llama-server's logit_bias: {"token_id": bias} (OpenAI) or [[token_id, bias|false], ...].
+
+    A bias of false bans the token (-inf). Token ids are checked against the vocabulary later.
+    """
+    raw = body.get("logit_bias")
+    if raw is None:
+        return ()
+    pairs: list[tuple[Any, Any]]
+    if isinstance(raw, dict):
+        pairs = list(raw.items())
+    elif isinstance(raw, list):
+        if not all(isinstance(p, list) and len(p) == 2 for p in raw):
+            raise ApiError("Field 'logit_bias': each entry must be [token_id, bias]")
+        pairs = [(p[0], p[1]) for p in raw]
+    else:
+        raise ApiError("Field 'logit_bias' must be an object or an array")
+    out: list[tuple[int, float]] = []
+    for token, bias in pairs:
+        try:
+            tok = int(token)
+        except (TypeError, ValueError):
+            raise ApiError(f"Field 'logit_bias': invalid token id {token!r}") from None
+        if bias is False:
+            value = -math.inf
+        elif isinstance(bias, int | float) and not isinstance(bias, bool) and math.isfinite(bias):
+            value = float(bias)
+        else:
+            raise ApiError(f"Field 'logit_bias': invalid bias {bias!r} for token {tok}")
+        out.append((tok, value))
+    return tuple(out)
+
+
+def _grammar(body: Mapping[str, Any]) -> str | None:
+    """`json_schema` (converted to GBNF) or a GBNF `grammar`, as llama-server reads them."""
+    from localfab.engine.grammar import json_schema_to_gbnf
+
+    schema = body.get("json_schema")
+    if schema is not None and body.get("grammar") is None:
+        if not isinstance(schema, dict):
+            raise _type_error("json_schema", "object", schema)
+        if not schema:
+            schema = {"type": "object"}
+        try:
+            return json_schema_to_gbnf(schema)
+        except Exception as exc:
+            raise ApiError(f"Field 'json_schema': \"json_schema\": {exc}") from exc
+    grammar = body.get("grammar")
+    if grammar is None:
+        return None
+    if not isinstance(grammar, str):
+        raise _type_error("grammar", "string", grammar)
+    return grammar or None
+
+
+def parse_generation(body: Mapping[str, Any], settings: ServerSettings) -> Generation:
+    """The fields every completion endpoint shares (after chat fields were mapped onto them)."""
+    n_predict = number(
+        body,
+        "n_predict",
+        "max_completion_tokens",
+        "max_tokens",
+        default=settings.n_predict,
+        integer=True,
+        hard=(-1, INT32_MAX),
+    )
+    if settings.n_predict > 0 and (n_predict < 0 or n_predict > settings.n_predict):
+        n_predict = settings.n_predict
+    number(body, "n", "n_cmpl", default=1, integer=True, hard=(1, 1))
+    seed = number(body, "seed", default=settings.seed, integer=True)
+    sampling = SamplingParams(
+        temperature=number(body, "temperature", default=settings.temperature, soft=(0, math.inf)),
+        top_k=number(body, "top_k", default=40, integer=True, soft=(0, INT32_MAX)),
+        top_p=number(body, "top_p", default=0.95, soft=(0.0, 1.0)),
+        min_p=number(body, "min_p", default=0.05, soft=(0.0, 1.0)),
+        repeat_penalty=number(body, "repeat_penalty", default=1.0),
+        repeat_last_n=number(body, "repeat_last_n", default=64, integer=True, hard=(0, INT32_MAX)),
+        frequency_penalty=number(body, "frequency_penalty", default=0.0),
+        presence_penalty=number(body, "presence_penalty", default=0.0),
+        seed=-1 if seed == -1 else seed & 0xFFFFFFFF,
+        grammar=_grammar(body),
+        ignore_eos=boolean(body, "ignore_eos", False),
+        logit_bias=_logit_bias(body),
+    )
+    # Accepted for compatibility, validated for type, not acted on (see the report to the lead).
+    number(body, "n_probs", "logprobs", default=0, integer=True)
+    number(body, "n_indent", default=0, integer=True, hard=(0, INT32_MAX))
+    number(body, "t_max_predict_ms", default=-1, integer=True, hard=(-1, INT64_MAX))
+    n_keep = number(body, "n_keep", default=0, integer=True, hard=(-1, INT32_MAX))
+    stream_options = body.get("stream_options")
+    include_usage = (
+        boolean(stream_options, "include_usage", False)
+        if isinstance(stream_options, dict)
+        else False
+    )
+    gen = Generation(
+        n_predict=n_predict,
+        sampling=sampling,
+        stop=stop_words(body),
+        stream=boolean(body, "stream", False),
+        include_usage=include_usage,
+        cache_prompt=boolean(body, "cache_prompt", True),
+        return_tokens=boolean(body, "return_tokens", False),
+        n_keep=n_keep,
+    )
+    object.__setattr__(gen, "settings_json", generation_settings(gen))
+    return gen
+
+
+def generation_settings(gen: Generation, *, only_metrics: bool = False) -> dict[str, Any]:
+    """`generation_settings` / slot `params` with llama-server's keys (unsupported: defaults)."""
+    s = gen.sampling
+    data: dict[str, Any] = {
+        "seed": 0xFFFFFFFF if s.seed < 0 else s.seed,
+        "temperature": s.temperature,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "top_n_sigma": -1.0,
+        "xtc_probability": 0.0,
+        "xtc_threshold": 0.1,
+        "typical_p": 1.0,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "dry_multiplier": 0.0,
+        "dry_base": 1.75,
+        "dry_allowed_length": 2,
+        "dry_penalty_last_n": -1,
+        "mirostat": 0,
+        "mirostat_tau": 5.0,
+        "mirostat_eta": 0.1,
+        "stop": list(gen.stop),
+        "max_tokens": gen.n_predict,
+        "n_predict": gen.n_predict,
+        "n_keep": gen.n_keep,
+        "n_discard": 0,
+        "ignore_eos": s.ignore_eos,
+        "stream": gen.stream,
+        "logit_bias": [[t, False if b == -math.inf else b] for t, b in s.logit_bias],
+        "n_probs": 0,
+        "min_keep": 0,
+        "grammar": s.grammar or "",
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "timings_per_token": False,
+        "post_sampling_probs": False,
+        "lora": [],
+    }
+    if only_metrics:
+        for key in ("stop", "logit_bias", "grammar"):
+            data.pop(key)
+    return data

@@ -1,0 +1,474 @@
+"""The server over a real socket: the openai client, raw HTTP shapes, errors, queue, cancel."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from localfab.server import ServerSettings, create_app
+from localfab.server.runner import BackgroundServer
+
+KEY = "sk-test-key"
+
+
+def _wait_ready(url: str, headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = httpx.get(url + "/health", headers=headers)
+        if r.status_code == 200:
+            return
+        time.sleep(0.05)
+    raise RuntimeError("server never became ready")
+
+
+@pytest.fixture(scope="module")
+def loaded(model_path: Path) -> Iterator[object]:
+    from localfab.engine import EngineSettings
+    from localfab.runtime import load_model
+
+    model = load_model(model_path, EngineSettings(n_ctx=2048, n_batch=512))
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def url(loaded: object) -> Iterator[str]:
+    settings = ServerSettings(alias="gemma-test", metrics=True, max_body_bytes=1024 * 1024)
+    server = BackgroundServer(create_app(loaded, settings)).start()
+    _wait_ready(server.url)
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture()
+def http(url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture()
+def oai(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def sse_events(text: str) -> list[str]:
+    """The data payloads of an SSE body, checking llama-server's `data: ...\\n\\n` framing."""
+    assert text.endswith("\n\n")
+    events = text[:-2].split("\n\n")
+    assert all(e.startswith("data: ") for e in events), events
+    return [e[len("data: ") :] for e in events]
+
+
+TIMING_KEYS = [
+    "cache_n",
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "prompt_per_second",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "predicted_per_second",
+]
+
+
+# --- openai client -------------------------------------------------------------------------
+
+
+def test_openai_chat_completion(oai: openai.OpenAI):
+    res = oai.chat.completions.create(
+        model="gemma-test",
+        messages=[{"role": "user", "content": "Say hello"}],
+        max_tokens=6,
+        temperature=0,
+    )
+    assert res.object == "chat.completion"
+    assert res.id.startswith("chatcmpl-") and len(res.id) == len("chatcmpl-") + 32
+    assert res.model == "gemma-test"
+    choice = res.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert res.usage.completion_tokens <= 6 and res.usage.prompt_tokens > 0
+    assert list(res.model_extra["timings"]) == TIMING_KEYS
+
+
+def test_openai_chat_stream_framing(oai: openai.OpenAI):
+    stream = oai.chat.completions.create(
+        model="x",
+        messages=[{"role": "user", "content": "Count: one, two,"}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    first, *middle, final, usage = chunks
+    assert first.choices[0].delta.role == "assistant"
+    assert first.choices[0].delta.content is None
+    assert all(c.choices[0].finish_reason is None for c in middle)
+    assert final.choices[0].finish_reason == "length"
+    assert final.choices[0].delta.content is None
+    assert usage.choices == [] and usage.usage.completion_tokens == 5
+    assert "timings" in usage.model_extra and "timings" not in final.model_extra
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_openai_chat_stream_without_usage(http: httpx.Client):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True}
+    r = http.post("/chat/completions", json=body)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"]
+    assert "usage" not in last and list(last["timings"]) == TIMING_KEYS
+    assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": None}
+
+
+def test_openai_completions(oai: openai.OpenAI):
+    res = oai.completions.create(model="x", prompt="The sky is", max_tokens=4, temperature=0)
+    assert res.object == "text_completion"
+    assert res.choices[0].finish_reason == "length"
+    assert res.usage.completion_tokens == 4
+    streamed = list(
+        oai.completions.create(
+            model="x", prompt="The sky is", max_tokens=4, temperature=0, stream=True
+        )
+    )
+    text = "".join(c.choices[0].text for c in streamed)
+    assert text == res.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == "length"
+
+
+def test_openai_models(oai: openai.OpenAI):
+    models = oai.models.list()
+    assert [m.id for m in models.data] == ["gemma-test"]
+    assert models.data[0].owned_by == "llamacpp"
+
+
+def test_openai_error_is_400_with_body(oai: openai.OpenAI):
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "x " * 4000}], max_tokens=2
+        )
+    assert err.value.status_code == 400
+    body = err.value.body
+    assert body["type"] == "exceed_context_size_error"
+    assert body["n_ctx"] == 2048 and body["n_prompt_tokens"] > 2048
+
+
+# --- native endpoints ---------------------------------------------------------------------
+
+
+def test_native_completion_shape_and_prefix_reuse(http: httpx.Client):
+    body = {"prompt": "Once upon a time, in a land far away,", "n_predict": 4, "temperature": 0}
+    first = http.post("/completion", json=body).json()
+    assert first["stop"] is True and first["stop_type"] == "limit"
+    assert first["tokens_predicted"] == 4
+    assert first["prompt"].startswith("<bos>Once upon")
+    assert first["model"] == "gemma-test"
+    assert first["generation_settings"]["n_predict"] == 4
+    second = http.post("/completion", json=body).json()
+    assert second["content"] == first["content"]
+    assert second["timings"]["cache_n"] == first["tokens_evaluated"] - 1
+
+
+def test_native_completion_stream_no_done(http: httpx.Client):
+    body = {"prompt": "Hello", "n_predict": 3, "stream": True, "temperature": 0}
+    events = [json.loads(e) for e in sse_events(http.post("/completion", json=body).text)]
+    assert all(e["stop"] is False for e in events[:-1])
+    assert len(events) == 4
+    assert set(events[0]) == {
+        "index",
+        "content",
+        "tokens",
+        "stop",
+        "id_slot",
+        "tokens_predicted",
+        "tokens_evaluated",
+    }
+    final = events[-1]
+    assert final["stop"] is True and final["content"] == ""
+    assert list(final["timings"]) == TIMING_KEYS
+
+
+def test_stop_word_and_token_prompt(http: httpx.Client):
+    tokens = http.post("/tokenize", json={"content": "1, 2, 3, 4,", "add_special": True}).json()
+    res = http.post(
+        "/completion",
+        json={"prompt": tokens["tokens"], "n_predict": 12, "temperature": 0, "stop": [","]},
+    ).json()
+    assert res["stop_type"] == "word" and res["stopping_word"] == ","
+    assert "," not in res["content"]
+
+
+def test_prefill_continues_assistant_text(http: httpx.Client):
+    messages = [
+        {"role": "user", "content": "List three colours."},
+        {"role": "assistant", "content": "Red, green and"},
+    ]
+    applied = http.post("/apply-template", json={"messages": messages}).json()["prompt"]
+    assert applied.endswith("Red, green and")
+    assert "<end_of_turn>\n<start_of_turn>model" not in applied[-40:]
+    res = http.post(
+        "/v1/chat/completions", json={"messages": messages, "max_tokens": 3, "temperature": 0}
+    )
+    assert res.status_code == 200
+
+
+def test_json_response_format_is_json(http: httpx.Client):
+    body = {
+        "messages": [{"role": "user", "content": "Give me a JSON object"}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "x",
+                "schema": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}},
+                    "required": ["a"],
+                },
+            },
+        },
+    }
+    res = http.post("/v1/chat/completions", json=body).json()
+    content = res["choices"][0]["message"]["content"]
+    if res["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(content)["a"], int)
+    else:  # cut by max_tokens: still a JSON prefix
+        assert content.lstrip().startswith("{")
+
+
+def test_tokenize_detokenize_roundtrip(http: httpx.Client):
+    toks = http.post("/tokenize", json={"content": "héllo 世界", "with_pieces": True}).json()
+    ids = [t["id"] for t in toks["tokens"]]
+    assert all(isinstance(t["piece"], str | list) for t in toks["tokens"])
+    assert http.post("/detokenize", json={"tokens": ids}).json() == {"content": "héllo 世界"}
+    bad = http.post("/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400
+
+
+def test_props_slots_metrics(http: httpx.Client):
+    props = http.get("/props").json()
+    assert props["total_slots"] == 1 and props["default_generation_settings"]["n_ctx"] == 2048
+    assert props["model_alias"] == "gemma-test"
+    slots = http.get("/slots").json()
+    assert slots[0]["id"] == 0 and slots[0]["n_ctx"] == 2048
+    metrics = http.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "llamacpp:prompt_tokens_total " in metrics.text
+    assert "# TYPE llamacpp:tokens_predicted_total counter" in metrics.text
+
+
+def test_health_models_and_cors(http: httpx.Client):
+    assert http.get("/v1/health").json() == {"status": "ok"}
+    r = http.get("/models", headers={"Origin": "http://example.com"})
+    assert r.headers["access-control-allow-origin"] == "http://example.com"
+    opt = http.options("/v1/chat/completions", headers={"Origin": "http://a.b"})
+    assert opt.status_code == 200 and opt.text == ""
+    assert opt.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    assert opt.headers["access-control-allow-headers"] == "*"
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def err(r: httpx.Response, code: int, type_: str) -> str:
+    assert r.status_code == code, r.text
+    body = r.json()["error"]
+    assert body["code"] == code and body["type"] == type_
+    return body["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "needle"),
+    [
+        ("/completion", {"prompt": "x", "n_predict": -5}, "Field 'n_predict'"),
+        ("/completion", {"prompt": "x", "max_tokens": 10**12}, "Field 'max_tokens'"),
+        ("/completion", {"prompt": "x", "temperature": "hot"}, "type must be number"),
+        ("/completion", {"prompt": "x", "stream": 1}, "type must be boolean"),
+        ("/completion", {"prompt": [1, 2, 10**9]}, "invalid tokens"),
+        ("/completion", {"prompt": {"a": 1}}, '"prompt" elements'),
+        ("/completion", {"n_predict": 2}, "'prompt'"),
+        ("/v1/chat/completions", {"messages": []}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "bot", "content": "x"}]}, "role"),
+        ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+        ("/v1/chat/completions", {}, "'messages' is required"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}},
+            "response_format",
+        ),
+    ],
+)
+def test_bad_requests_are_400(http: httpx.Client, path: str, body: dict, needle: str):
+    assert needle in err(http.post(path, json=body), 400, "invalid_request_error")
+
+
+def test_malformed_and_huge_bodies(http: httpx.Client):
+    err(http.post("/completion", content=b"{not json"), 400, "invalid_request_error")
+    err(http.post("/completion", content=b"[1, 2]"), 400, "invalid_request_error")
+    err(http.post("/completion", content=b'{"prompt": NaN}'), 400, "invalid_request_error")
+    huge = b'{"prompt": "' + b"a" * (50 * 1024 * 1024) + b'"}'
+    r = http.post("/completion", content=huge)
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+    assert http.get("/health").json() == {"status": "ok"}
+
+
+def test_not_found_and_not_supported(http: httpx.Client):
+    msg = err(http.get("/nope"), 404, "not_found_error")
+    assert msg == "File Not Found"
+    err(http.get("/completion"), 404, "not_found_error")
+    err(http.post("/v1/embeddings", json={"input": "x"}), 501, "not_supported_error")
+
+
+# --- queue, cancel -------------------------------------------------------------------------
+
+
+def test_concurrent_requests_all_answered(url: str):
+    results: dict[int, dict] = {}
+
+    def one(i: int) -> None:
+        body = {"prompt": f"Request number {i}:", "n_predict": 3, "temperature": 0}
+        results[i] = httpx.post(url + "/completion", json=body, timeout=300).json()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == list(range(6))
+    assert all(r["tokens_predicted"] == 3 for r in results.values())
+    alone = httpx.post(
+        url + "/completion",
+        json={"prompt": "Request number 4:", "n_predict": 3, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert alone["content"] == results[4]["content"]
+
+
+def test_disconnect_stops_generation(url: str, http: httpx.Client):
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "Tell a long story:", "n_predict": 1500, "stream": True})
+    raw = (
+        f"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(raw)
+        received = b""
+        while b"data: " not in received:  # headers may arrive before the first event
+            chunk = sock.recv(4096)
+            assert chunk, "the stream closed before its first event"
+            received += chunk
+    before = http.get("/slots").json()[0]
+    t0 = time.monotonic()
+    r = http.post("/completion", json={"prompt": "Hi", "n_predict": 1, "temperature": 0})
+    assert r.status_code == 200
+    assert time.monotonic() - t0 < 10  # the 1500-token story was abandoned, not finished
+    assert before["next_token"][0]["n_decoded"] < 1500
+
+
+def test_slow_client_times_out(loaded: object):
+    settings = ServerSettings(read_timeout=0.5)
+    server = BackgroundServer(create_app(loaded, settings)).start()
+    try:
+        _wait_ready(server.url)
+        host, port = server.host, server.port
+        with socket.create_connection((host, port)) as sock:
+            sock.sendall(
+                b'POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'
+            )
+            sock.settimeout(10)
+            data = sock.recv(4096)
+        assert b" 408 " in data.split(b"\r\n")[0]
+        assert httpx.get(server.url + "/health").status_code == 200
+    finally:
+        server.stop()
+
+
+# --- API key, loading ------------------------------------------------------------------------
+
+
+def test_api_key_rules(loaded: object):
+    settings = ServerSettings(api_keys=("other", KEY))
+    server = BackgroundServer(create_app(loaded, settings)).start()
+    try:
+        _wait_ready(server.url)
+        base = server.url
+        assert httpx.get(base + "/health").status_code == 200  # public
+        msg = err(httpx.get(base + "/v1/models"), 401, "authentication_error")
+        assert msg == "Invalid API Key"
+        err(httpx.get(base + "/v1/models", headers={"Authorization": "Bearer no"}), 401,
+            "authentication_error")  # fmt: skip
+        assert httpx.get(base + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).is_success
+        assert httpx.get(base + "/v1/models", headers={"X-Api-Key": KEY}).is_success
+        client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+        assert client.models.list().data
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base + "/v1", api_key="bad", max_retries=0).models.list()
+    finally:
+        server.stop()
+
+
+def test_health_503_while_loading(loaded: object):
+    gate = threading.Event()
+
+    def slow_loader() -> object:
+        gate.wait(30)
+        return loaded
+
+    server = BackgroundServer(create_app(slow_loader, ServerSettings(), close_model=False)).start()
+    try:
+        r = httpx.get(server.url + "/health")
+        assert r.status_code == 503
+        assert r.json() == {
+            "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}
+        }
+        gate.set()
+        _wait_ready(server.url)
+    finally:
+        server.stop()
+
+
+def test_context_shift_keeps_generating(loaded: object):
+    """With --context-shift a reply that fills the window goes on; without, it stops there."""
+    prompt = "word " * 1990
+    body = {"prompt": prompt, "n_predict": 80, "temperature": 0, "ignore_eos": True}
+    plain = BackgroundServer(create_app(loaded, ServerSettings())).start()
+    try:
+        _wait_ready(plain.url)
+        res = httpx.post(plain.url + "/completion", json=body, timeout=300).json()
+        assert res["truncated"] is True and res["tokens_predicted"] < 80
+    finally:
+        plain.stop()
+    shifting = BackgroundServer(create_app(loaded, ServerSettings(context_shift=True))).start()
+    try:
+        _wait_ready(shifting.url)
+        res = httpx.post(shifting.url + "/completion", json=body, timeout=300).json()
+        assert res["tokens_predicted"] == 80 and res["truncated"] is False
+    finally:
+        shifting.stop()
+
+
+def test_penalties_and_logit_bias_change_the_output(http: httpx.Client) -> None:
+    base = {"prompt": "The history of the city of Rome", "n_predict": 16, "temperature": 0}
+    plain = http.post("/completion", json=base).json()
+    penalized = http.post("/completion", json=base | {"repeat_penalty": 1.5}).json()
+    assert penalized["content"] and penalized["content"] != plain["content"]
+    first = http.post("/tokenize", json={"content": plain["content"]}).json()["tokens"][0]
+    banned = http.post("/completion", json=base | {"logit_bias": [[first, False]]}).json()
+    assert not banned["content"].startswith(plain["content"][:3])
+    assert banned["generation_settings"]["logit_bias"] == [[first, False]]
+    bad = http.post("/completion", json=base | {"logit_bias": [[10**9, 1.0]]})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
