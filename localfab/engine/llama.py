@@ -248,6 +248,13 @@ class Engine:
         self.n_batch = lc.llama_n_batch(self._ctx)
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._one = lc.llama_batch_init(1, 0, 1)  # the generation step's batch, pre-filled
+        self._one.n_tokens = 1
+        self._one.n_seq_id[0] = 1
+        self._one.seq_id[0][0] = 0
+        self._one.logits[0] = 1
+        self._logits_address: int | None = None
+        self._logits_view: np.ndarray = np.zeros(0, dtype=np.float32)
         # A reused piece buffer for the thread that generates; other threads get their own.
         self._piece_buf = ctypes.create_string_buffer(256)
         self._owner = threading.get_ident()
@@ -276,6 +283,9 @@ class Engine:
         if getattr(self, "_batch", None) is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
+        if getattr(self, "_one", None) is not None:
+            lc.llama_batch_free(self._one)
+            self._one = None
         if getattr(self, "_ctx", None):
             lc.llama_free(self._ctx)
             self._ctx = None
@@ -447,6 +457,27 @@ class Engine:
                 )
             del self._cached[p0:]
             self._cached.extend(chunk)
+
+    def _decode_one(self, tok: int) -> None:
+        """The decode step of generation: one token, its logits wanted (a pre-filled batch)."""
+        one = self._one
+        n_past = len(self._cached)
+        one.token[0] = tok
+        one.pos[0] = n_past
+        rc = lc.llama_decode(self._ctx, one)
+        if rc != 0:
+            self._sync_after_failure()
+            raise LocalfabError(f"llama.cpp failed to decode a token (llama_decode returned {rc})")
+        self._cached.append(tok)
+
+    def _logits(self) -> np.ndarray:
+        """The last output's logits as a numpy view (re-made only if llama.cpp moved them)."""
+        ptr = lc.llama_get_logits_ith(self._ctx, -1)
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        if address != self._logits_address:
+            self._logits_view = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            self._logits_address = address
+        return self._logits_view
 
     def _sync_after_failure(self) -> None:
         pos_max = lc.llama_memory_seq_pos_max(self._mem, 0)
@@ -685,9 +716,7 @@ class Engine:
             eog = np.array(self._eog_tokens()) if fast_greedy and sampling.ignore_eos else None
             while True:
                 if fast_greedy:
-                    logits = np.ctypeslib.as_array(
-                        lc.llama_get_logits_ith(ctx, -1), shape=(self.n_vocab,)
-                    )
+                    logits = self._logits()
                     tok = int(logits.argmax())
                     if eog is not None and tok in eog:
                         masked = logits.copy()
@@ -720,7 +749,7 @@ class Engine:
                         stop_type = "context"
                         break
                     self._rebase(target)
-                self._decode((tok,), len(self._cached))
+                self._decode_one(tok)
             pending = b""
             if finish == "length" and stop_type == "limit":
                 pending = utf8.pending()  # a continuation may complete the character
