@@ -8,12 +8,16 @@ chat:   TTFT of turns 2, 10 and 20 of a conversation with equal-length messages;
         that triggers a context shift, of the ordinary turn before it, and of the same shift turn
         when the kept history is re-processed instead (the baseline the shift avoids).
 
+server: TTFT and decode tok/s over streaming /v1/completions against localfab and other servers
+        (llama-server), alternating requests with unique prompts (scripts/bench_server.py).
+
 Speed on a shared 2-core machine is noisy, so every figure is compared with its yardstick measured
 in the same run (ratios), never against a fixed number.
 
 Usage: python scripts/bench.py engine --model PATH|NAME [--threads 2] [--llama-bench PATH]
                                       [--rounds 3] [--json]
        python scripts/bench.py chat --model PATH|NAME [--threads 2] [--runs 3] [--json]
+       python scripts/bench.py server --url localfab=URL [--url llama-server=URL] [--runs 8]
 """
 
 from __future__ import annotations
@@ -271,10 +275,17 @@ def cmd_chat(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "server":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_server
+
+        bench_server.main(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="part", required=True)
+    sub.add_parser("server", help="server TTFT/decode against llama-server (see bench_server.py)")
     eng = sub.add_parser("engine", help="engine pp/tg against llama-bench")
     eng.add_argument("--model", required=True, help="a .gguf path or a registered name")
     eng.add_argument("--threads", type=int, default=os.cpu_count() or 1)

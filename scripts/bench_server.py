@@ -69,7 +69,7 @@ def measure(client: httpx.Client, url: str, prompt: str, n_tokens: int) -> Sampl
     return Sample((stamps[0] - t0) * 1e3, decode, len(stamps))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--url", action="append", required=True, help="NAME=URL of a server (repeatable)"
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--prompt-words", type=int, default=200, help="prompt length in words")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs per server")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.runs < 6:
         parser.error("--runs must be at least 6 for a meaningful median")
     servers = []
