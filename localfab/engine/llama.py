@@ -130,6 +130,57 @@ def backend_info() -> dict[str, object]:
     }
 
 
+class _ThreadpoolParams(ctypes.Structure):
+    """ggml.h's struct ggml_threadpool_params (GGML_MAX_N_THREADS = 512)."""
+
+    _fields_ = [
+        ("cpumask", ctypes.c_bool * 512),
+        ("n_threads", ctypes.c_int),
+        ("prio", ctypes.c_int),
+        ("poll", ctypes.c_uint32),
+        ("strict_cpu", ctypes.c_bool),
+        ("paused", ctypes.c_bool),
+    ]
+
+
+_ggml: tuple[ctypes.CDLL, ctypes.CDLL] | None = None
+# llama-server and llama-bench poll at level 50 between graph computations: the worker threads
+# spin briefly instead of sleeping, which keeps the per-token handoff cheap.
+_THREADPOOL_POLL = 50
+
+
+def _new_threadpool(n_threads: int) -> int | None:
+    """A persistent ggml CPU threadpool, as llama-server attaches; None if unavailable.
+
+    Without one, ggml sets up a throw-away pool state for every graph computation (every token).
+    The bindings do not wrap these calls, so they are made on the bundled libraries directly.
+    """
+    global _ggml
+    try:
+        if _ggml is None:
+            libdir = Path(lc.__file__).parent / "lib"
+            base = ctypes.CDLL(str(next(libdir.glob("libggml-base.*"))))
+            cpu = ctypes.CDLL(str(next(libdir.glob("libggml-cpu.*"))))
+            base.ggml_threadpool_params_default.restype = _ThreadpoolParams
+            base.ggml_threadpool_params_default.argtypes = [ctypes.c_int]
+            cpu.ggml_threadpool_new.restype = ctypes.c_void_p
+            cpu.ggml_threadpool_new.argtypes = [ctypes.POINTER(_ThreadpoolParams)]
+            cpu.ggml_threadpool_free.restype = None
+            cpu.ggml_threadpool_free.argtypes = [ctypes.c_void_p]
+            lib = lc.llama_cpp._lib
+            lib.llama_attach_threadpool.argtypes = [ctypes.c_void_p] * 3
+            lib.llama_attach_threadpool.restype = None
+            _ggml = (base, cpu)
+        base, cpu = _ggml
+        params = base.ggml_threadpool_params_default(n_threads)
+        params.poll = _THREADPOOL_POLL
+        pool = cpu.ggml_threadpool_new(ctypes.byref(params))
+        return int(pool) if pool else None
+    except (OSError, AttributeError, StopIteration) as exc:
+        log.debug("no persistent threadpool (%s); llama.cpp will make its own", exc)
+        return None
+
+
 def physical_cores() -> int:
     """Physical cores: llama.cpp is fastest with one thread per core, not per hyper-thread."""
     import psutil
@@ -244,6 +295,16 @@ class Engine:
                 + f"; try a smaller context (-c, now {s.n_ctx}) or a quantized KV cache (-ctk q8_0)"
             )
         self.buffers = parse_buffer_sizes(_log_since(mark))
+        self._pools: list[int] = []
+        pool = _new_threadpool(self.n_threads)
+        if pool is not None:
+            self._pools.append(pool)
+            batch_pool = pool
+            if self.n_threads_batch != self.n_threads:
+                batch_pool = _new_threadpool(self.n_threads_batch) or pool
+                if batch_pool != pool:
+                    self._pools.append(batch_pool)
+            lc.llama_cpp._lib.llama_attach_threadpool(self._ctx, pool, batch_pool)
         self.n_ctx = lc.llama_n_ctx(self._ctx)
         self.n_batch = lc.llama_n_batch(self._ctx)
         self._mem = lc.llama_get_memory(self._ctx)
@@ -289,6 +350,10 @@ class Engine:
         if getattr(self, "_ctx", None):
             lc.llama_free(self._ctx)
             self._ctx = None
+        if _ggml is not None:
+            for pool in getattr(self, "_pools", ()):
+                _ggml[1].ggml_threadpool_free(pool)
+            self._pools = []
         if getattr(self, "_model", None):
             lc.llama_model_free(self._model)
             self._model = None
