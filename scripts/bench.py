@@ -72,6 +72,7 @@ def engine_pp_tg(
         greedy = SamplingParams(temperature=0.0, ignore_eos=True)
         # Warm-up, as llama-bench does: one short prompt and a few tokens.
         engine.generate([engine.bos_token, 1000, 2000], max_tokens=4, sampling=greedy)
+        # Like llama-bench: all prompt runs, then a one-token warm-up, then all generation runs.
         for rep in range(reps):
             # A fresh, unique prompt each time so nothing comes from the cache.
             prompt = [engine.bos_token] + [
@@ -80,6 +81,9 @@ def engine_pp_tg(
             engine.clear_cache()
             done = engine.generate(prompt, max_tokens=1, sampling=greedy)
             pp.append(done.timings.prompt_n / done.timings.prompt_ms * 1e3)
+        engine.clear_cache()
+        engine.generate([engine.bos_token], max_tokens=2, sampling=greedy)
+        for _ in range(reps):
             engine.clear_cache()
             done = engine.generate([engine.bos_token], max_tokens=n_gen + 1, sampling=greedy)
             t = done.timings
