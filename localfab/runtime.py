@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localfab.config import Paths
+from localfab.config import Config, Paths
 from localfab.engine.types import EngineSettings
 
 if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
     from localfab.engine import Engine
     from localfab.hardware import Machine
-    from localfab.plan import Plan
+    from localfab.plan import Plan, Wishes
 
 log = logging.getLogger("localfab.runtime")
 
@@ -42,16 +42,49 @@ class LoadedModel:
         self.engine.close()
 
 
-def plan_for(path: Path, **wishes: object) -> tuple[Plan, Machine]:
-    """Plan the load of `path` on this machine; explicit wishes (-c, -ngl, -ctk...) override."""
+def wishes_from_options(
+    config: Config,
+    *,
+    ctx_size: int | None = None,
+    min_ctx: int | None = None,
+    n_gpu_layers: int | None = None,
+    cache_type_k: str | None = None,
+    cache_type_v: str | None = None,
+    flash_attn: str | None = None,
+    batch_size: int | None = None,
+    ubatch_size: int | None = None,
+    threads: int | None = None,
+) -> Wishes:
+    """The planner's wishes from command-line options, with config.toml / LOCALFAB_* as defaults.
+
+    An explicit -c below the configured floor lowers the floor: what the user asks for wins.
+    """
+    from localfab.plan import Wishes
+
+    floor = config.min_ctx if min_ctx is None else min_ctx
+    if ctx_size:
+        floor = min(floor, ctx_size)
+    return Wishes(
+        n_ctx=ctx_size or config.ctx_size or None,
+        min_ctx=floor,
+        n_gpu_layers=n_gpu_layers,
+        type_k=cache_type_k,
+        type_v=cache_type_v,
+        flash_attn=flash_attn or config.flash_attn,
+        n_batch=batch_size,
+        n_ubatch=ubatch_size,
+        threads=threads or config.threads or None,
+    )
+
+
+def plan_for(path: Path, wishes: Wishes) -> tuple[Plan, Machine]:
+    """Plan the load of `path` on this machine."""
     from localfab.facts import read_facts
     from localfab.hardware import probe_machine
-    from localfab.plan import Wishes, plan
+    from localfab.plan import plan
 
-    facts = read_facts(path)
     machine = probe_machine()
-    chosen = plan(facts, machine, Wishes(**{k: v for k, v in wishes.items() if v is not None}))  # type: ignore[arg-type]
-    return chosen, machine
+    return plan(read_facts(path), machine, wishes), machine
 
 
 def load_model(path: Path, settings: EngineSettings) -> LoadedModel:

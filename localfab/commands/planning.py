@@ -77,20 +77,9 @@ def _machine(profile: str | None, vram: int | None, ram: int | None) -> Machine:
 def _wishes(**options: Any) -> Any:
     """Wishes from the options, with the user's config.toml / LOCALFAB_* as defaults."""
     from localfab.config import Config, default_paths
-    from localfab.plan import Wishes
+    from localfab.runtime import wishes_from_options
 
-    config = Config.load(default_paths())
-    return Wishes(
-        n_ctx=options["ctx_size"] if options["ctx_size"] is not None else (config.ctx_size or None),
-        min_ctx=options["min_ctx"] if options["min_ctx"] is not None else config.min_ctx,
-        n_gpu_layers=options["n_gpu_layers"],
-        type_k=options["cache_type_k"],
-        type_v=options["cache_type_v"],
-        flash_attn=options["flash_attn"] or config.flash_attn,
-        n_batch=options["batch_size"],
-        n_ubatch=options["ubatch_size"],
-        threads=options["threads"] or config.threads or None,
-    )
+    return wishes_from_options(Config.load(default_paths()), **options)
 
 
 def _gib(n: int) -> str:

@@ -114,7 +114,7 @@ def run(
     from localfab.chat.session import ChatSession, Continued, Reply, Shifted
     from localfab.config import Config, default_paths
     from localfab.engine import EngineSettings, SamplingParams
-    from localfab.runtime import load_model, plan_for, resolve_model
+    from localfab.runtime import load_model, plan_for, resolve_model, wishes_from_options
 
     setup_logging(verbose)
     if max_tokens == 0 or max_tokens < -1:
@@ -137,13 +137,15 @@ def run(
     # explicit options override it, and the plan says what they cost.
     chosen, machine = plan_for(
         path,
-        n_ctx=ctx_size or config.ctx_size or None,
-        min_ctx=min(config.min_ctx, ctx_size) if ctx_size else config.min_ctx,
-        n_gpu_layers=n_gpu_layers,
-        type_k=cache_type_k,
-        type_v=cache_type_v,
-        flash_attn=flash_attn or config.flash_attn,
-        threads=threads or config.threads or None,
+        wishes_from_options(
+            config,
+            ctx_size=ctx_size,
+            n_gpu_layers=n_gpu_layers,
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
+            flash_attn=flash_attn,
+            threads=threads,
+        ),
     )
     if verbose:
         from localfab.commands.planning import render_plan

@@ -104,23 +104,25 @@ def _engine_settings(path: Path, options: dict[str, Any]) -> Any:
     """EngineSettings from the planner, with the user's flags as wishes."""
     from localfab.config import Config, default_paths
     from localfab.engine import EngineSettings
-    from localfab.facts import read_facts
-    from localfab.hardware import probe_machine
-    from localfab.plan import Wishes, plan
+    from localfab.runtime import plan_for, wishes_from_options
 
-    config = Config.load(default_paths())
-    ctx = options["ctx_size"]
-    wishes = Wishes(
-        n_ctx=ctx if ctx else (config.ctx_size or None),
-        n_gpu_layers=options["n_gpu_layers"],
-        type_k=options["cache_type_k"],
-        type_v=options["cache_type_v"],
-        flash_attn=options["flash_attn"] or config.flash_attn,
-        n_batch=options["batch_size"],
-        n_ubatch=options["ubatch_size"],
-        threads=options["threads"] or config.threads or None,
+    wishes = wishes_from_options(
+        Config.load(default_paths()),
+        **{
+            key: options[key]
+            for key in (
+                "ctx_size",
+                "n_gpu_layers",
+                "cache_type_k",
+                "cache_type_v",
+                "flash_attn",
+                "batch_size",
+                "ubatch_size",
+                "threads",
+            )
+        },
     )
-    result = plan(read_facts(path), probe_machine(), wishes)
+    result, _ = plan_for(path, wishes)
     for warning in result.warnings:
         click.echo(f"localfab: warning: {warning}", err=True)
     result.require_fit()
