@@ -132,7 +132,7 @@ def _engine_settings(path: Path, options: dict[str, Any]) -> Any:
 def _serve(name: str, path: Path, engine_settings: Any, options: dict[str, Any]) -> None:
     from localfab.runtime import load_model
     from localfab.server import ServerSettings, create_app
-    from localfab.server.runner import CancellingServer
+    from localfab.server.runner import make_foreground_server
 
     settings = ServerSettings(
         model_name=name,
@@ -159,19 +159,13 @@ def _serve(name: str, path: Path, engine_settings: Any, options: dict[str, Any])
         return loaded
 
     app = create_app(loader, settings)
-    import uvicorn
-
-    config = uvicorn.Config(
+    server = make_foreground_server(
         app,
         host=options["host"],
         port=options["port"],
-        log_level="info" if options["verbose"] else "warning",
-        access_log=options["verbose"],
-        server_header=False,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
+        verbose=options["verbose"],
+        on_exit=app.state.worker.cancel_all,
     )
-    server = CancellingServer(config, on_exit=app.state.worker.cancel_all)
     click.echo(
         f"localfab: serving {name} on http://{options['host']}:{options['port']} "
         "(llama-server API; Ctrl-C to stop)",

@@ -12,20 +12,31 @@ from typing import Any
 import uvicorn
 
 
-def make_server(app: Any, *, host: str, port: int, log_level: str = "warning") -> uvicorn.Server:
-    """A uvicorn server with no access log, no "server: uvicorn" header and a bounded shutdown."""
-    config = uvicorn.Config(
+def _config(app: Any, *, host: str, port: int, verbose: bool = False) -> uvicorn.Config:
+    """No "server: uvicorn" header, bounded header size and shutdown; access log only if verbose."""
+    return uvicorn.Config(
         app,
         host=host,
         port=port,
-        log_level=log_level,
-        access_log=False,
+        log_level="info" if verbose else "warning",
+        access_log=verbose,
         server_header=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
         h11_max_incomplete_event_size=64 * 1024,
     )
-    return uvicorn.Server(config)
+
+
+def make_server(app: Any, *, host: str, port: int) -> uvicorn.Server:
+    """A uvicorn server for the app (tests run it in a thread)."""
+    return uvicorn.Server(_config(app, host=host, port=port))
+
+
+def make_foreground_server(
+    app: Any, *, host: str, port: int, verbose: bool, on_exit: Callable[[], None]
+) -> CancellingServer:
+    """The server `localfab serve` runs: SIGINT/SIGTERM cancel generations, then shut down."""
+    return CancellingServer(_config(app, host=host, port=port, verbose=verbose), on_exit=on_exit)
 
 
 class CancellingServer(uvicorn.Server):
