@@ -147,6 +147,7 @@ def test_unknown_model_name(lf_env):
 def test_prompt_longer_than_context(model_path: Path, lf_env):
     proc = lf(["run", str(model_path), "-c", "64", "--raw", "word " * 600], lf_env)
     assert_one_clean_error(proc, 4, "context window holds 256")
+    assert "context 64 became 256 tokens" in proc.stderr
     assert "602 tokens" in proc.stderr
 
 
