@@ -118,10 +118,14 @@ class ChatSession:
                 return i
         return None
 
-    def _fit(self, last_user: int, reserve: int) -> tuple[int, list[int], int]:
-        """Drop oldest turns until the window fits; returns (start, tokens, turns dropped)."""
+    def _fit(self, last_user: int, reserve: int) -> tuple[int, list[int], int, int]:
+        """Drop oldest turns until the window fits.
+
+        Returns (start, tokens, turns dropped, tokens the unfitted window had).
+        """
         start = self.window_start
         tokens = self.prompts.tokens(self.window(start))
+        n_before = len(tokens)
         dropped = 0
         while len(tokens) + reserve > self.n_ctx:
             nxt = self._next_turn_start(start, last_user)
@@ -130,7 +134,7 @@ class ChatSession:
             start = nxt
             dropped += 1
             tokens = self.prompts.tokens(self.window(start))
-        return start, tokens, dropped
+        return start, tokens, dropped, n_before
 
     # --- a turn --------------------------------------------------------------------------------
 
@@ -147,7 +151,7 @@ class ChatSession:
         self.messages.append({"role": "user", "content": text})
         last_user = len(self.messages) - 1
         reserve = min(self.reply_reserve, max_tokens) if max_tokens > 0 else self.reply_reserve
-        start, tokens, dropped = self._fit(last_user, reserve)
+        start, tokens, dropped, n_before = self._fit(last_user, reserve)
         if len(tokens) >= self.n_ctx - 1:
             self.messages.pop()
             raise ContextOverflow(
@@ -161,7 +165,7 @@ class ChatSession:
             user_id = self.history.add_message(self.session_id, "user", text)
         shifts: list[Shifted] = []
         if dropped:
-            shifts.append(self._shift(start, tokens, dropped, during_reply=False))
+            shifts.append(self._shift(start, tokens, dropped, n_before - len(tokens)))
             yield shifts[-1]
         del user_id
         yield from self._reply(
@@ -174,17 +178,15 @@ class ChatSession:
             last_user=last_user,
         )
 
-    def _shift(self, start: int, tokens: list[int], dropped: int, *, during_reply: bool) -> Shifted:
-        before = len(self.prompts.tokens(self.window())) if not during_reply else 0
+    def _shift(self, start: int, tokens: list[int], dropped: int, n_dropped: int) -> Shifted:
+        """Move the window to `start` before a turn; shift the KV cache to match when possible."""
         self.window_start = start
         engine = self.engine
         if engine.can_shift:  # type: ignore[attr-defined]
             a, b = engine.shift_to(tokens)  # type: ignore[attr-defined]
-            n_tokens = b - a if b > a else max(0, before - len(tokens))
-            return Shifted(dropped, n_tokens, reprocessed=(b == a), during_reply=during_reply)
-        return Shifted(
-            dropped, max(0, before - len(tokens)), reprocessed=True, during_reply=during_reply
-        )
+            n_tokens = b - a if b > a else n_dropped
+            return Shifted(dropped, n_tokens, reprocessed=(b == a), during_reply=False)
+        return Shifted(dropped, n_dropped, reprocessed=True, during_reply=False)
 
     def _reply(
         self,
@@ -390,7 +392,7 @@ class ChatSession:
         ]
         users = [i for i, m in enumerate(session.messages) if m["role"] == "user"]
         if users:
-            start, tokens, _ = session._fit(users[-1], session.reply_reserve)
+            start, tokens, _, _ = session._fit(users[-1], session.reply_reserve)
             session.window_start = start
             if len(tokens) < session.n_ctx:
                 engine.evaluate(tokens)  # type: ignore[attr-defined]

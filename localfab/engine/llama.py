@@ -548,15 +548,25 @@ class Engine:
         pos_max = lc.llama_memory_seq_pos_max(self._mem, 0)
         del self._cached[pos_max + 1 :]
 
-    def _reuse_prefix(self, tokens: Sequence[int]) -> int:
-        """Drop cache cells past the common prefix with `tokens`; return how many are reused."""
+    def _common_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens the cache shares with `tokens`."""
         cached = self._cached
         n = min(len(cached), len(tokens))
         lcp = 0
         while lcp < n and cached[lcp] == tokens[lcp]:
             lcp += 1
-        if lcp == len(tokens) and lcp > 0:
-            lcp -= 1  # the last prompt token must be evaluated again to get its logits
+        return lcp
+
+    def _reuse_prefix(self, tokens: Sequence[int], *, need_logits: bool = True) -> int:
+        """Drop cache cells past the common prefix with `tokens`; return how many are reused.
+
+        With `need_logits`, a prompt that is wholly cached keeps its last token out, so that
+        evaluating it again yields the logits to sample from.
+        """
+        cached = self._cached
+        lcp = self._common_prefix(tokens)
+        if need_logits and lcp == len(tokens) and lcp > 0:
+            lcp -= 1
         if lcp < len(cached):
             if not lc.llama_memory_seq_rm(self._mem, 0, lcp, -1):
                 # Some caches (sliding window without swa_full, recurrent) cannot drop a
@@ -599,10 +609,7 @@ class Engine:
         Returns (start, end) of the removed span, (0, 0) when nothing was removed.
         """
         cached = self._cached
-        n = min(len(cached), len(target))
-        a = 0
-        while a < n and cached[a] == target[a]:
-            a += 1
+        a = self._common_prefix(target)
         if a >= len(target) or a >= len(cached) or not self.can_shift:
             return (0, 0)
         rest = target[a:]
@@ -643,15 +650,7 @@ class Engine:
     def _rebase(self, target: Sequence[int]) -> None:
         """Make the cache hold exactly `target`: shift what can be kept, evaluate the rest."""
         self._align_to(target)
-        n = min(len(self._cached), len(target))
-        lcp = 0
-        while lcp < n and self._cached[lcp] == target[lcp]:
-            lcp += 1
-        if lcp < len(self._cached):
-            if not lc.llama_memory_seq_rm(self._mem, 0, lcp, -1):
-                lc.llama_memory_clear(self._mem, True)
-                lcp = 0
-            del self._cached[lcp:]
+        lcp = self._reuse_prefix(target, need_logits=False)
         if lcp < len(target):
             self._decode(list(target[lcp:]), lcp, logits_last=False)
 
@@ -740,7 +739,17 @@ class Engine:
         sampler = None
         try:
             sampling = sampling or SamplingParams()
-            sampler = self._sampler(sampling)
+            # Plain greedy decoding needs only the arg-max of the logits: numpy finds it in a
+            # fraction of the time the C sampler spends building its 262k-entry candidate list.
+            fast_greedy = (
+                sampling.temperature <= 0
+                and not sampling.grammar
+                and not sampling.logit_bias
+                and sampling.repeat_penalty == 1.0
+                and not sampling.frequency_penalty
+                and not sampling.presence_penalty
+            )
+            sampler = None if fast_greedy else self._sampler(sampling)
             n_reused = self._reuse_prefix(prompt)
             new = list(prompt[n_reused:])
             for off in range(0, len(new), self.n_batch):
@@ -768,16 +777,6 @@ class Engine:
             t_first = 0.0
             vocab = self._vocab
             ctx = self._ctx
-            # Plain greedy decoding needs only the arg-max of the logits: numpy finds it in a
-            # fraction of the time the C sampler spends building its 262k-entry candidate list.
-            fast_greedy = (
-                sampling.temperature <= 0
-                and not sampling.grammar
-                and not sampling.logit_bias
-                and sampling.repeat_penalty == 1.0
-                and not sampling.frequency_penalty
-                and not sampling.presence_penalty
-            )
             eog = np.array(self._eog_tokens()) if fast_greedy and sampling.ignore_eos else None
             while True:
                 if fast_greedy:
@@ -859,14 +858,15 @@ class Engine:
         assert done is not None
         return done
 
-    def evaluate(self, tokens: Sequence[int]) -> None:
-        """Put `tokens` in the cache (reusing the common prefix) without generating."""
+    def evaluate(self, tokens: Sequence[int]) -> int:
+        """Put `tokens` in the cache without generating; returns how many came from the cache."""
         if len(tokens) > self.n_ctx:
             raise ContextOverflow(len(tokens), self.n_ctx)
         self.check_tokens(tokens)
         with self._lock:
             n = self._reuse_prefix(tokens)
             self._decode(list(tokens[n:]), n, logits_last=True)
+            return n
 
 
 def measure_buffers(

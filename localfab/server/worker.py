@@ -268,13 +268,8 @@ class EngineWorker:
         engine = self.model.engine
         if len(job.tokens) >= engine.n_ctx:
             raise ContextOverflow(len(job.tokens), engine.n_ctx)
-        cached = engine.cached_tokens
-        reuse = 0
-        while reuse < min(len(cached), len(job.tokens)) and cached[reuse] == job.tokens[reuse]:
-            reuse += 1
-        reuse = min(reuse, len(job.tokens) - 1)
         t0 = time.perf_counter()
-        engine.evaluate(job.tokens)
+        reuse = engine.evaluate(job.tokens)
         ms = (time.perf_counter() - t0) * 1e3
         timings = Timings(cache_n=reuse, prompt_n=len(job.tokens) - reuse, prompt_ms=ms)
         return Done("", "length", "limit", (), timings, len(job.tokens))
