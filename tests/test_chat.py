@@ -214,3 +214,40 @@ def test_resume_rebuilds_the_window(small_engine, tmp_path):
     )
     reply, _, _ = run_turn(again, "And one more?", max_tokens=8)
     assert reply.pieces[0].timings.cache_n > 20  # the rebuilt window was reused
+
+
+def test_a_reply_split_unlike_the_tokenizer_is_reused_whole(small_engine):
+    """A reply's tokens stay in the prompt as generated, so the next turn reuses all of them.
+
+    The grammar forces the text "lighthouse lighthouse" while the bias bans the two tokens the
+    tokenizer would use for it, so the model must spell it from smaller pieces: re-tokenizing
+    the text would disagree with the cache from the reply's first token on.
+    """
+    small_engine.clear_cache()
+    canonical = small_engine.tokenize("lighthouse lighthouse", add_special=False)
+    forced = SamplingParams(
+        temperature=0.0,
+        grammar='root ::= "lighthouse lighthouse"',
+        logit_bias=tuple((t, float("-inf")) for t in canonical),
+    )
+    prompts = PromptBuilder(small_engine)
+    session = ChatSession(small_engine, prompts, system=SYSTEM, max_continues=0)
+    reply = None
+    for ev in session.send("Say lighthouse twice.", max_tokens=24, sampling=forced):
+        if isinstance(ev, Reply):
+            reply = ev
+    assert reply is not None and reply.text == "lighthouse lighthouse"
+    generated = list(reply.pieces[-1].tokens)
+    assert generated != canonical and len(generated) > len(canonical)
+    in_cache = list(session.expected_cache)
+    assert small_engine.cached_tokens == in_cache
+
+    # Re-tokenized from text, the conversation would part from the cache where the reply starts.
+    retokenized = prompts.tokens(session.window() + [{"role": "user", "content": "Again."}])
+    reply_start = len(in_cache) - len(generated)
+    assert retokenized[:reply_start] == in_cache[:reply_start]
+    assert retokenized[reply_start : reply_start + len(generated)] != generated
+
+    again, _, _ = run_turn(session, "Again.", max_tokens=4)
+    assert again.timings.cache_n == len(in_cache)  # the whole reply came from the cache
+    assert again.timings.prompt_n < 16

@@ -82,3 +82,64 @@ def test_validate_messages_joins_text_parts():
         ]
     )
     assert out == [{"role": "user", "content": "ab"}]
+
+
+class _CharTokenizer:
+    """A tokenizer with one token per character (its code point) and <t>, </t> as specials."""
+
+    add_bos = True
+    bos_token = 0
+    eos_token = 1
+    architecture = "test"
+    SPECIAL = {"<t>": 1000, "</t>": 1001}
+
+    def tokenize(self, text, *, add_special=True, parse_special=True):
+        import re
+
+        parts = re.findall(r"</?t>|.", text, re.S)
+        return [self.SPECIAL[p] if p in self.SPECIAL else ord(p) for p in parts]
+
+    def detokenize(self, tokens, *, special=False):
+        names = {v: k for k, v in self.SPECIAL.items()}
+        return "".join(names.get(t, chr(t)) for t in tokens)
+
+    def token_text(self, token):
+        return ""
+
+    def chat_template(self):
+        return None
+
+
+def test_pinned_tokens_stand_in_for_content_the_template_places_verbatim():
+    from localfab.chat.prompt import PromptBuilder
+
+    tok = _CharTokenizer()
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "you"}]
+    verbatim = ChatTemplate("{% for m in messages %}<t>{{ m.content }}</t>\n{% endfor %}", "gguf")
+    builder = PromptBuilder(tok, verbatim)  # type: ignore[arg-type]
+    t, end, nl = 1000, 1001, ord("\n")
+    assert builder.tokens(messages) == [0, t, *b"hi", end, nl, t, *b"you", end, nl]
+    assert builder.tokens(messages, pinned={1: [7, 8]}) == [0, t, *b"hi", end, nl, t, 7, 8, end, nl]
+
+    # A template that trims the content: whitespace-only tokens at the ends of the pinned ones
+    # are left out; whitespace inside a token cannot be, so then the whole text is tokenized.
+    trimming = ChatTemplate(
+        "{% for m in messages %}<t>{{ m.content | trim }}</t>\n{% endfor %}", "gguf"
+    )
+    builder = PromptBuilder(tok, trimming)  # type: ignore[arg-type]
+    tok.SPECIAL = {**tok.SPECIAL, " y": 900, "ou": 901}  # tokens only the model produces
+    spaced = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " you\n\n"}]
+    split = [ord(" "), ord("y"), 901, ord("\n"), ord("\n")]
+    assert builder.tokens(spaced, pinned={1: split}) == [
+        *builder.tokens(spaced)[:7],
+        ord("y"),
+        901,
+        end,
+        nl,
+    ]
+    glued = [900, 901, ord("\n"), ord("\n")]  # " y" is one token: its space cannot go
+    assert builder.tokens(spaced, pinned={1: glued}) == builder.tokens(spaced)
+    # So is a template that shows the content twice.
+    twice = ChatTemplate("{% for m in messages %}{{ m.content * 2 }}{% endfor %}", "gguf")
+    builder = PromptBuilder(tok, twice)  # type: ignore[arg-type]
+    assert builder.tokens(messages, pinned={1: [7, 8]}) == builder.tokens(messages)

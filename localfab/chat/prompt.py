@@ -7,6 +7,9 @@ from typing import Any, Protocol
 
 from localfab.templates import ChatTemplate, resolve_template
 
+# Stands in for a pinned message's content while rendering, to find where the content goes.
+_MARK = "\x00localfab-pinned-{}\x00"
+
 
 class Tokenizer(Protocol):
     """What prompt building needs from an engine."""
@@ -22,6 +25,7 @@ class Tokenizer(Protocol):
         self, text: str, *, add_special: bool = ..., parse_special: bool = ...
     ) -> list[int]: ...
     def token_text(self, token: int) -> str: ...
+    def detokenize(self, tokens: Sequence[int], *, special: bool = ...) -> str: ...
     def chat_template(self) -> str | None: ...
     @property
     def architecture(self) -> str: ...
@@ -50,9 +54,88 @@ class PromptBuilder:
         )
 
     def tokens(
-        self, messages: Sequence[Mapping[str, Any]], *, continue_final: bool = False
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        continue_final: bool = False,
+        pinned: Mapping[int, Sequence[int]] | None = None,
     ) -> list[int]:
-        return self.encode(self.text(messages, continue_final=continue_final))
+        """Prompt tokens of `messages`.
+
+        `pinned` maps a message's index to the tokens its content already has (a reply as the
+        model generated it, which can differ from how the tokenizer would split the same text).
+        Those tokens are used as they are, so the prompt matches the KV cache token for token
+        and the next turn reuses the whole conversation. Where the template does not place a
+        pinned content verbatim and exactly once, the whole text is tokenized instead.
+        """
+        text = self.text(messages, continue_final=continue_final)
+        if pinned:
+            spliced = self._splice(messages, text, pinned, continue_final)
+            if spliced is not None:
+                return spliced
+        return self.encode(text)
+
+    def _splice(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        text: str,
+        pinned: Mapping[int, Sequence[int]],
+        continue_final: bool,
+    ) -> list[int] | None:
+        order = sorted(i for i in pinned if 0 <= i < len(messages))
+        if not order:
+            return None
+        marked = [
+            {**m, "content": _MARK.format(i)} if i in pinned else m for i, m in enumerate(messages)
+        ]
+        skeleton = self.text(marked, continue_final=continue_final)
+        fragments: list[str] = []
+        pos = 0
+        for i in order:
+            mark = _MARK.format(i)
+            at = skeleton.find(mark, pos)
+            if at < 0 or skeleton.find(mark, at + len(mark)) >= 0:
+                return None
+            fragments.append(skeleton[pos:at])
+            pos = at + len(mark)
+        fragments.append(skeleton[pos:])
+        contents = [str(messages[i].get("content", "")) for i in order]
+        spans = [list(pinned[i]) for i in order]
+        if self._rebuild(fragments, contents) != text:
+            # Templates often trim messages (Gemma's does): whitespace-only tokens at either end
+            # of a reply can go; whitespace inside a token cannot, nor any other change.
+            contents = [c.strip() for c in contents]
+            if self._rebuild(fragments, contents) != text:
+                return None
+            trimmed = [self._trim(span, c) for span, c in zip(spans, contents, strict=True)]
+            if any(span is None for span in trimmed):
+                return None
+            spans = trimmed  # type: ignore[assignment]
+        out = self.encode(fragments[0])
+        for span, fragment in zip(spans, fragments[1:], strict=True):
+            out.extend(span)
+            if fragment:
+                piece = self.engine.tokenize(fragment, add_special=False, parse_special=True)
+                # A tokenizer that changes a fragment on its own (a space prefix, say) would put
+                # text in the prompt that the template did not: then tokenize the whole text.
+                if self.engine.detokenize(piece, special=True) != fragment:
+                    return None
+                out.extend(piece)
+        return out
+
+    @staticmethod
+    def _rebuild(fragments: list[str], contents: list[str]) -> str:
+        tail = zip(contents, fragments[1:], strict=True)
+        return fragments[0] + "".join(content + after for content, after in tail)
+
+    def _trim(self, tokens: list[int], content: str) -> list[int] | None:
+        """`tokens` without whitespace-only tokens at the ends, if what is left is `content`."""
+        detok = self.engine.detokenize
+        while tokens and not detok(tokens[:1]).strip():
+            tokens = tokens[1:]
+        while tokens and not detok(tokens[-1:]).strip():
+            tokens = tokens[:-1]
+        return tokens if detok(tokens) == content else None
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered template text: special tokens parsed, one BOS if the model wants it."""

@@ -103,6 +103,9 @@ class ChatSession:
             self.session_id = history.create_session(model=model_name, system=system)
         # What the session believes the engine's KV cache holds after the last reply.
         self.expected_cache: list[int] = []
+        # Replies as the model generated them: message index -> (content, tokens). Prompts use
+        # these tokens rather than a re-tokenization of the text, which can split it otherwise.
+        self._pins: dict[int, tuple[str, tuple[int, ...]]] = {}
 
     # --- the window ----------------------------------------------------------------------------
 
@@ -110,6 +113,20 @@ class ChatSession:
         """System prompt + messages from `start` (default: the window's start)."""
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + self.messages[self.window_start if start is None else start :]
+
+    def _tokens(
+        self, start: int, messages: list[dict[str, str]], *, continue_final: bool = False
+    ) -> list[int]:
+        """Prompt tokens of `messages`, a window that begins at message `start`."""
+        offset = (1 if self.system else 0) - start
+        pinned = {
+            index + offset: tokens
+            for index, (content, tokens) in self._pins.items()
+            if index >= start  # messages before the window are not in it
+            and index + offset < len(messages)
+            and self.messages[index]["content"] == content
+        }
+        return self.prompts.tokens(messages, continue_final=continue_final, pinned=pinned)
 
     def _next_turn_start(self, start: int, last: int) -> int | None:
         """Index of the user message that starts the turn after `start`, before `last`."""
@@ -124,7 +141,7 @@ class ChatSession:
         Returns (start, tokens, turns dropped, tokens the unfitted window had).
         """
         start = self.window_start
-        tokens = self.prompts.tokens(self.window(start))
+        tokens = self._tokens(start, self.window(start))
         n_before = len(tokens)
         dropped = 0
         while len(tokens) + reserve > self.n_ctx:
@@ -133,7 +150,7 @@ class ChatSession:
                 break
             start = nxt
             dropped += 1
-            tokens = self.prompts.tokens(self.window(start))
+            tokens = self._tokens(start, self.window(start))
         return start, tokens, dropped, n_before
 
     # --- a turn --------------------------------------------------------------------------------
@@ -226,9 +243,9 @@ class ChatSession:
             window = self.window(nxt)
             if prefix_text:
                 window[-1] = {"role": "assistant", "content": prefix_text}
-                base_prompt = self.prompts.tokens(window, continue_final=True)
+                base_prompt = self._tokens(nxt, window, continue_final=True)
             else:
-                base_prompt = self.prompts.tokens(window[:-1])
+                base_prompt = self._tokens(nxt, window[:-1])
             event = Shifted(1, max(0, before - len(base_prompt)), not engine.can_shift, True)  # type: ignore[attr-defined]
             pending_events.append(event)
             shifts.append(event)
@@ -297,6 +314,9 @@ class ChatSession:
                 parts.append(last.pending.decode("utf-8", errors="replace"))
             text = "".join(parts)
             self.messages[reply_index]["content"] = text
+            generated = reply_tokens + list(last.tokens)
+            if not prefix_text and generated and engine.detokenize(generated) == text:  # type: ignore[attr-defined]
+                self._pins[reply_index] = (text, tuple(generated))
             yield Reply(
                 text=text,
                 finish_reason=finish,
@@ -348,7 +368,7 @@ class ChatSession:
             raise ValueError("there is no reply to continue")
         last_user = max(i for i, m in enumerate(self.messages) if m["role"] == "user")
         prefix = self.messages[-1]["content"]
-        tokens = self.prompts.tokens(self.window(), continue_final=True)
+        tokens = self._tokens(self.window_start, self.window(), continue_final=True)
         yield from self._reply(
             tokens,
             max_tokens=max_tokens,
