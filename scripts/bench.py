@@ -216,13 +216,13 @@ class _NoShift:
 
 def _conversation(
     session: Any, turns: int, *, stop_at_shift: bool = False
-) -> list[tuple[float, bool]]:
-    """Run equal-length turns; (TTFT ms, shifted before it?) per turn."""
+) -> list[tuple[float, bool, int]]:
+    """Run equal-length turns; (TTFT ms, shifted before it?, tokens evaluated) per turn."""
     from localfab.chat.session import Reply, Shifted
     from localfab.engine import SamplingParams
 
     sampling = SamplingParams(temperature=0.0, ignore_eos=True)
-    out: list[tuple[float, bool]] = []
+    out: list[tuple[float, bool, int]] = []
     for i in range(turns):
         text = f"Turn {i:02d}: tell me one more short fact about lighthouses and the sea."
         shifted = False
@@ -230,7 +230,7 @@ def _conversation(
             if isinstance(ev, Shifted) and not ev.during_reply:
                 shifted = True
             elif isinstance(ev, Reply):
-                out.append((ev.timings.ttft_ms, shifted))
+                out.append((ev.timings.ttft_ms, shifted, ev.timings.prompt_n))
         if stop_at_shift and shifted:
             break
     return out
@@ -243,14 +243,26 @@ def cmd_chat(args: argparse.Namespace) -> dict[str, Any]:
 
     path = resolve(args.model)
     system = "You are a helpful assistant who knows a great deal about lighthouses."
-    t2, t10, t20, shift_t, ordinary_t, reproc_t = [], [], [], [], [], []
+    # TTFT in ms, one per run.
+    t2: list[float] = []
+    t10: list[float] = []
+    t20: list[float] = []
+    shift_t: list[float] = []
+    ordinary_t: list[float] = []
+    reproc_t: list[float] = []
+    evaluated: dict[str, list[int]] = {}  # tokens each measured turn evaluated, per run
+
+    def note(name: str, turn: tuple[float, bool, int]) -> float:
+        evaluated.setdefault(name, []).append(turn[2])
+        return turn[0]
+
     for _ in range(args.runs):
         with Engine(path, EngineSettings(n_ctx=8192, n_threads=args.threads)) as engine:
             session = ChatSession(engine, PromptBuilder(engine), system=system, max_continues=0)
-            ttft = [t for t, _ in _conversation(session, 20)]
-            t2.append(ttft[1])
-            t10.append(ttft[9])
-            t20.append(ttft[19])
+            turns = _conversation(session, 20)
+            t2.append(note("turn2", turns[1]))
+            t10.append(note("turn10", turns[9]))
+            t20.append(note("turn20", turns[19]))
         with Engine(path, EngineSettings(n_ctx=1024, n_threads=args.threads)) as engine:
             for wrapped, sink in ((engine, shift_t), (_NoShift(engine), reproc_t)):
                 engine.clear_cache()
@@ -259,9 +271,9 @@ def cmd_chat(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 turns = _conversation(session, 60, stop_at_shift=True)
                 assert turns[-1][1], "no shift happened"
-                sink.append(turns[-1][0])
+                sink.append(note("shift" if wrapped is engine else "reprocessed", turns[-1]))
                 if wrapped is engine:
-                    ordinary_t.append(turns[-2][0])
+                    ordinary_t.append(note("ordinary", turns[-2]))
     med = statistics.median
     return {
         "model": str(path),
@@ -275,6 +287,9 @@ def cmd_chat(args: argparse.Namespace) -> dict[str, Any]:
         "ttft_shift_turn_reprocessed_ms": med(reproc_t),
         "shift_over_ordinary": med(shift_t) / med(ordinary_t),
         "reprocessed_over_ordinary": med(reproc_t) / med(ordinary_t),
+        # Tokens each measured turn evaluated (prompt_n), one per run: equal counts mean the
+        # turns did equal work apart from attending to a longer history.
+        **{f"prompt_n_{name}": counts for name, counts in evaluated.items()},
     }
 
 
