@@ -95,4 +95,14 @@ def load_model(path: Path, settings: EngineSettings) -> LoadedModel:
     engine = Engine(path, settings)
     prompts = PromptBuilder(engine)
     notices = [prompts.notice] if prompts.notice else []
+    if engine.n_ctx != settings.n_ctx:
+        notices.append(
+            f"context {settings.n_ctx} became {engine.n_ctx} tokens "
+            "(llama.cpp allocates the KV cache in steps of 256)"
+        )
+    if settings.n_ctx > engine.n_ctx_train > 0:
+        notices.append(
+            f"context {settings.n_ctx} is larger than the {engine.n_ctx_train} tokens the model "
+            "was trained on; answers may degrade past that"
+        )
     return LoadedModel(engine=engine, prompts=prompts, path=path, notices=notices)

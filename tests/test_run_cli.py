@@ -151,6 +151,13 @@ def test_prompt_longer_than_context(model_path: Path, lf_env):
     assert "602 tokens" in proc.stderr
 
 
+def test_context_beyond_training_is_noted(model_path: Path, lf_env):
+    proc = lf(["run", str(model_path), "-c", "33000", "-n", "1", "Hi"], lf_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "context 33000 became 33024 tokens" in proc.stderr
+    assert "larger than the 32768 tokens the model was trained on" in proc.stderr
+
+
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_bad_max_tokens(model_path: Path, lf_env, value):
     assert_one_clean_error(

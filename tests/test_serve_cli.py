@@ -80,15 +80,16 @@ def test_serve_answers_and_stops_cleanly(model_path: Path, lf_env, sig: signal.S
     assert "server stopped" in err
 
 
-def test_serve_warns_without_key_on_all_interfaces(model_path: Path, lf_env):
+def test_serve_warns_without_key_and_notes_the_rounded_context(model_path: Path, lf_env):
     port = free_port()
-    proc = start([str(model_path), "--host", "0.0.0.0", "--port", str(port), "-c", "512"], lf_env)
+    proc = start([str(model_path), "--host", "0.0.0.0", "--port", str(port), "-c", "300"], lf_env)
     try:
         wait_health(f"http://127.0.0.1:{port}", proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert "without an API key" in err
+    assert "note: context 300 became 512 tokens" in err
 
 
 def test_serve_missing_model_is_one_clean_error(lf_env, tmp_path: Path):

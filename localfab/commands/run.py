@@ -159,18 +159,6 @@ def run(
     engine = loaded.engine
     for notice in loaded.notices:
         click.echo(f"localfab: note: {notice}", err=True)
-    if ctx_size and engine.n_ctx != ctx_size:
-        click.echo(
-            f"localfab: note: context {ctx_size} became {engine.n_ctx} tokens "
-            "(llama.cpp allocates the KV cache in steps of 256)",
-            err=True,
-        )
-    if settings.n_ctx > engine.n_ctx_train > 0:
-        click.echo(
-            f"localfab: warning: context {settings.n_ctx} is larger than the {engine.n_ctx_train} "
-            "tokens the model was trained on; answers may degrade past that",
-            err=True,
-        )
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
