@@ -207,3 +207,32 @@ def test_token_bytes_from_another_thread_during_generation(engine):
         pass
     worker.join()
     assert seen == [expected]
+
+
+def test_n_probs_are_the_log_softmax_of_the_logits(engine):
+    import numpy as np
+
+    prompt = engine.tokenize("The lighthouse keeper climbed the")
+    engine.clear_cache()
+    engine.evaluate(prompt)
+    logits = np.array(engine._logits(), dtype=np.float64)
+    log_softmax = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    expected = np.argsort(-log_softmax, kind="stable")[:5]
+
+    engine.clear_cache()
+    events = [
+        e
+        for e in engine.stream(prompt, max_tokens=3, sampling=SamplingParams.greedy(), n_probs=5)
+        if isinstance(e, TokenEvent)
+    ]
+    first = events[0].probs
+    assert first is not None and all(e.probs is not None for e in events)
+    assert [t for t, _, _ in first.top] == list(expected)
+    for (t, piece, logprob), want in zip(first.top, expected, strict=True):
+        assert logprob == pytest.approx(log_softmax[want], abs=1e-4)
+        assert piece == engine.token_bytes(t)
+    assert events[0].token == expected[0]
+    assert first.logprob == pytest.approx(log_softmax[events[0].token], abs=1e-4)
+    assert first.piece == engine.token_bytes(events[0].token)
+    plain = [e for e in engine.stream(prompt, max_tokens=2) if isinstance(e, TokenEvent)]
+    assert all(e.probs is None for e in plain)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 import time
@@ -472,3 +473,86 @@ def test_penalties_and_logit_bias_change_the_output(http: httpx.Client) -> None:
     assert banned["generation_settings"]["logit_bias"] == [[first, False]]
     bad = http.post("/completion", json=base | {"logit_bias": [[10**9, 1.0]]})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def _check_entries(entries: list[dict], n_top: int) -> None:
+    """llama-server's per-token probability entries: greedy picks the top token."""
+    for e in entries:
+        assert set(e) == {"id", "token", "bytes", "logprob", "top_logprobs"}
+        top = e["top_logprobs"]
+        assert len(top) == n_top and all(set(t) == {"id", "token", "bytes", "logprob"} for t in top)
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert sum(math.exp(t["logprob"]) for t in top) <= 1 + 1e-6
+        assert top[0]["id"] == e["id"] and top[0]["logprob"] == pytest.approx(e["logprob"])
+        assert e["logprob"] <= 0
+        assert bytes(e["bytes"]).decode("utf-8", errors="ignore").startswith(e["token"][:1])
+
+
+def test_native_n_probs(http: httpx.Client):
+    body = {"prompt": "The capital of France is", "n_predict": 4, "temperature": 0, "n_probs": 3}
+    res = http.post("/completion", json=body).json()
+    entries = res["completion_probabilities"]
+    assert len(entries) == 4 and "".join(e["token"] for e in entries) == res["content"]
+    _check_entries(entries, 3)
+    assert res["generation_settings"]["n_probs"] == 3
+
+    events = [
+        json.loads(e)
+        for e in sse_events(http.post("/completion", json={**body, "stream": True}).text)
+    ]
+    partial = [e["completion_probabilities"] for e in events[:-1]]
+    assert all(len(p) == 1 for p in partial) and "completion_probabilities" not in events[-1]
+    assert [p[0] for p in partial] == entries  # the same numbers, streamed or not
+
+    plain = http.post("/completion", json={**body, "n_probs": 0}).json()
+    assert "completion_probabilities" not in plain
+
+
+def test_n_probs_leave_out_the_stop_string(http: httpx.Client):
+    body = {"prompt": "1, 2, 3, 4,", "n_predict": 12, "temperature": 0, "n_probs": 2}
+    res = http.post("/completion", json={**body, "stop": [","]}).json()
+    assert res["stop_type"] == "word"
+    assert len(res["completion_probabilities"]) == res["tokens_predicted"] - 1
+
+
+def test_openai_logprobs(oai: openai.OpenAI):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    res = oai.chat.completions.create(
+        model="x", messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = res.choices[0].logprobs.content
+    assert len(content) == res.usage.completion_tokens
+    assert "".join(c.token for c in content) == res.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token
+        assert c.logprob == pytest.approx(c.top_logprobs[0].logprob) and c.logprob <= 0
+    _check_entries([c.model_dump() for c in content], 2)
+
+    stream = oai.chat.completions.create(
+        model="x",
+        messages=messages,
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+    )
+    streamed = [e for ch in stream if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content]  # fmt: skip
+    assert [(e.token, e.logprob) for e in streamed] == [(c.token, c.logprob) for c in content]
+
+    default = oai.chat.completions.create(
+        model="x", messages=messages, max_tokens=2, temperature=0, logprobs=True
+    )
+    assert all(len(c.top_logprobs) == 20 for c in default.choices[0].logprobs.content)
+    assert (
+        oai.chat.completions.create(model="x", messages=messages, max_tokens=2, temperature=0)
+        .choices[0]
+        .logprobs
+        is None
+    )
+
+    legacy = oai.completions.create(
+        model="x", prompt="The sky is", max_tokens=3, temperature=0, logprobs=2
+    )
+    _check_entries(legacy.choices[0].logprobs.model_extra["content"], 2)

@@ -84,6 +84,7 @@ def _options() -> st.SearchStrategy[dict[str, Any]]:
             "seed": st.one_of(st.integers(-(2**40), 2**40), json_leaf),
             "stop": st.one_of(st.lists(st.text(max_size=5), max_size=3), json_leaf),
             "stream": st.one_of(st.booleans(), json_leaf),
+            "n_probs": st.one_of(st.integers(-3, 5), json_leaf),
             "cache_prompt": st.one_of(st.booleans(), json_leaf),
             "grammar": st.one_of(st.just('root ::= "a"'), st.text(max_size=20)),
             "json_schema": st.one_of(st.just({"type": "object"}), json_any),
@@ -138,11 +139,22 @@ def test_fuzz_completion(client: httpx.Client, prompt: Any, options: dict, path:
 
 
 @FUZZ
-@given(msgs=messages, options=_options(), fmt=st.one_of(st.none(), json_any))
-def test_fuzz_chat(client: httpx.Client, msgs: Any, options: dict, fmt: Any):
+@given(
+    msgs=messages,
+    options=_options(),
+    fmt=st.one_of(st.none(), json_any),
+    logprobs=st.one_of(st.none(), st.booleans(), json_leaf),
+    top=st.one_of(st.none(), st.integers(-2, 4), json_leaf),
+)
+def test_fuzz_chat(
+    client: httpx.Client, msgs: Any, options: dict, fmt: Any, logprobs: Any, top: Any
+):
     body = _limit({"messages": msgs, **options})
     if fmt is not None:
         body["response_format"] = fmt
+    for key, value in (("logprobs", logprobs), ("top_logprobs", top)):
+        if value is not None:
+            body[key] = value
     _post(client, "/v1/chat/completions", body)
 
 

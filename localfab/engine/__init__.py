@@ -16,6 +16,7 @@ from localfab.engine.types import (
     SamplingParams,
     Timings,
     TokenEvent,
+    TokenProbs,
 )
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ __all__ = [
     "SamplingParams",
     "Timings",
     "TokenEvent",
+    "TokenProbs",
     "backend_info",
     "measure_buffers",
     "physical_cores",

@@ -29,6 +29,7 @@ from localfab.engine.types import (
     SamplingParams,
     Timings,
     TokenEvent,
+    TokenProbs,
 )
 from localfab.errors import ContextOverflow, LocalfabError, ModelError, UsageError
 
@@ -544,6 +545,17 @@ class Engine:
             self._logits_address = address
         return self._logits_view
 
+    def _rank(self, n: int) -> tuple[tuple[tuple[int, bytes, float], ...], float]:
+        """The `n` most likely next tokens (token, piece, logprob) and the log partition sum."""
+        logits = self._logits()
+        peak = float(logits.max())
+        log_z = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
+        n = min(n, self.n_vocab)
+        best = np.argpartition(logits, -n)[-n:]
+        best = best[np.argsort(-logits[best], kind="stable")]
+        top = tuple((int(t), self.token_bytes(int(t)), float(logits[t]) - log_z) for t in best)
+        return top, log_z
+
     def _sync_after_failure(self) -> None:
         pos_max = lc.llama_memory_seq_pos_max(self._mem, 0)
         del self._cached[pos_max + 1 :]
@@ -714,6 +726,7 @@ class Engine:
         cancel: threading.Event | None = None,
         on_context_full: Callable[[list[int]], Sequence[int] | None] | None = None,
         carry: bytes = b"",
+        n_probs: int = 0,
     ) -> Iterator[TokenEvent | Done]:
         """Generate after `prompt`, yielding TokenEvents and finally one Done.
 
@@ -724,6 +737,8 @@ class Engine:
         on); returning None ends the reply with finish_reason "length", stop_type "context".
         `carry` is the incomplete UTF-8 of a previous reply this one continues; an incomplete
         character at the end of this reply is likewise returned in `Done.pending`, not shown.
+        With `n_probs` > 0 every TokenEvent carries the token's log-probability and the
+        `n_probs` most likely tokens (`TokenProbs`).
         """
         t_start = time.perf_counter()
         if not prompt:
@@ -779,6 +794,7 @@ class Engine:
             ctx = self._ctx
             eog = np.array(self._eog_tokens()) if fast_greedy and sampling.ignore_eos else None
             while True:
+                ranked = self._rank(n_probs) if n_probs > 0 else None
                 if fast_greedy:
                     logits = self._logits()
                     tok = int(logits.argmax())
@@ -794,14 +810,19 @@ class Engine:
                     finish, stop_type = "stop", "eos"
                     break
                 generated.append(tok)
-                text = stops.feed(utf8.feed(self.token_bytes(tok)))
+                piece = self.token_bytes(tok)
+                text = stops.feed(utf8.feed(piece))
                 if text:
                     parts.append(text)
+                probs = None
+                if ranked is not None:
+                    top, log_z = ranked
+                    probs = TokenProbs(piece, float(self._logits()[tok]) - log_z, top)
                 if stops.matched is not None:
-                    yield TokenEvent(tok, text)
+                    yield TokenEvent(tok, text, probs)
                     finish, stop_type = "stop", "word"
                     break
-                yield TokenEvent(tok, text)
+                yield TokenEvent(tok, text, probs)
                 if cancel is not None and cancel.is_set():
                     finish, stop_type = "cancelled", "cancel"
                     break

@@ -105,11 +105,27 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TokenProbs:
+    """How likely a generated token was, and its most likely alternatives.
+
+    Log-probabilities of the model's own distribution (softmax of the raw logits, before any
+    sampler), as llama-server reports them by default. `piece` is the token's bytes (special
+    tokens: empty, as llama-server shows them); `top` is (token, piece, logprob), most likely
+    first.
+    """
+
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...]
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """One generated token and the text it completes (may be "" while UTF-8 or a stop is held)."""
 
     token: int
     text: str
+    probs: TokenProbs | None = None  # when the caller asked for n_probs
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from localfab.engine.types import Done, TokenEvent
+from localfab.engine.types import Done, TokenEvent, TokenProbs
 from localfab.errors import LocalfabError, UsageError
 from localfab.server import shapes
 from localfab.server.errors import ApiError, dumps
@@ -397,6 +397,7 @@ class Server:
             emit=channel.emit,
             cache_prompt=gen.cache_prompt,
             n_keep=gen.n_keep,
+            n_probs=gen.n_probs,
             params=generation_settings(gen, only_metrics=True),
         )
         reply = shapes.Reply(
@@ -424,6 +425,7 @@ class Server:
             await close()
             return error_response(first) if isinstance(first, ApiError) else Response(b"")
         if not gen.stream:
+            probs: list[tuple[int, TokenProbs]] = []
             try:
                 item = first
                 while not isinstance(item, Done):
@@ -431,10 +433,18 @@ class Server:
                         return Response(b"")
                     if isinstance(item, ApiError):
                         return error_response(item)
+                    if item.probs is not None:
+                        probs.append((item.token, item.probs))
                     item = await channel.get()
             finally:
                 await close()
-            return json_response(self._final(kind, reply, item, gen, tokens))
+            if item.stop_type == "word" and probs:
+                # As llama-server: leave out the tokens of the stop string.
+                stop = await self.tokenize(
+                    item.stopping_word, add_special=False, parse_special=False
+                )
+                del probs[max(0, len(probs) - len(stop)) :]
+            return json_response(self._final(kind, reply, item, gen, tokens, probs=probs))
         return EventStream(self._stream(kind, reply, first, channel, gen, tokens), close)
 
     async def _stream(
@@ -450,6 +460,7 @@ class Server:
             yield shapes.sse(shapes.chat_role_chunk(reply))
         item = first
         n_decoded = 0
+        held: list[tuple[int, TokenProbs]] = []  # chat: probs of tokens whose text is held back
         while True:
             if item is _DISCONNECTED:
                 return
@@ -460,12 +471,18 @@ class Server:
                 break
             assert isinstance(item, TokenEvent)
             n_decoded += 1
+            probs = [(item.token, item.probs)] if item.probs is not None else []
             if kind == "native":
-                yield shapes.sse(shapes.native_partial(reply, item.text, item.token, n_decoded))
+                yield shapes.sse(
+                    shapes.native_partial(reply, item.text, item.token, n_decoded, item.probs)
+                )
             elif kind == "cmpl":
-                yield shapes.sse(shapes.cmpl_partial(reply, item.text))
-            elif item.text:
-                yield shapes.sse(shapes.chat_chunk(reply, {"content": item.text}))
+                yield shapes.sse(shapes.cmpl_partial(reply, item.text, probs))
+            else:
+                held += probs
+                if item.text:
+                    yield shapes.sse(shapes.chat_chunk(reply, {"content": item.text}, None, held))
+                    held = []
             item = await channel.get()
         done = item
         if kind == "native":
@@ -487,11 +504,12 @@ class Server:
         tokens: list[int],
         *,
         stream: bool = False,
+        probs: Sequence[tuple[int, TokenProbs]] = (),
     ) -> dict[str, Any]:
         if kind == "cmpl":
-            return shapes.cmpl_final(reply, done, stream=False)
+            return shapes.cmpl_final(reply, done, stream=False, probs=probs)
         if kind == "chat":
-            return shapes.chat_final(reply, done)
+            return shapes.chat_final(reply, done, probs)
         return shapes.native_final(
             reply,
             done,
@@ -499,6 +517,7 @@ class Server:
             prompt_text=self.model.engine.detokenize(tokens, special=True),
             settings=gen.settings_json,
             return_tokens=gen.return_tokens,
+            probs=probs,
         )
 
     # --- handlers ------------------------------------------------------------------------------
@@ -782,13 +801,15 @@ class Server:
 
     async def embeddings(self, request: Request) -> Response:
         raise ApiError(
-            "This server does not support embeddings. Start it with `--embeddings`",
+            "This server does not support embeddings: localfab serve runs one model for "
+            "generation (completion and chat)",
             "not_supported_error",
         )
 
     async def rerank(self, request: Request) -> Response:
         raise ApiError(
-            "This server does not support reranking. Start it with `--reranking`",
+            "This server does not support reranking: localfab serve runs one model for "
+            "generation (completion and chat)",
             "not_supported_error",
         )
 
@@ -850,7 +871,10 @@ def _chat_to_completion_fields(body: dict[str, Any]) -> dict[str, Any]:
             raise ApiError(
                 'response_format type must be one of "text" or "json_object", but got: ' + kind
             )
-    if body.get("logprobs") is not True and body.get("top_logprobs") is not None:
+    if body.get("logprobs") is True:
+        top = body.get("top_logprobs")
+        body["n_probs"] = 20 if top is None else top  # llama-server's default
+    elif body.get("top_logprobs") is not None:
         raise ApiError("top_logprobs requires logprobs to be set to true")
     return body
 

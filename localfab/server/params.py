@@ -115,6 +115,9 @@ def stop_words(body: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
 
+N_PROBS_MAX = 1000
+
+
 @dataclass(frozen=True)
 class Generation:
     """One request's generation options, already validated."""
@@ -127,6 +130,7 @@ class Generation:
     cache_prompt: bool = True
     return_tokens: bool = False
     n_keep: int = 0
+    n_probs: int = 0  # > 0: report each token's logprob and the n_probs most likely tokens
     settings_json: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -214,8 +218,10 @@ def parse_generation(body: Mapping[str, Any], settings: ServerSettings) -> Gener
         ignore_eos=boolean(body, "ignore_eos", False),
         logit_bias=_logit_bias(body),
     )
-    # Accepted for compatibility, validated for type, not acted on (see the report to the lead).
-    number(body, "n_probs", "logprobs", default=0, integer=True)
+    # llama-server has no upper bound; past a few hundred alternatives a token's entry is
+    # megabytes of JSON, so more than N_PROBS_MAX are not given.
+    n_probs = number(body, "n_probs", "logprobs", default=0, integer=True, soft=(0, N_PROBS_MAX))
+    # Accepted for compatibility and validated for type, but not acted on.
     number(body, "n_indent", default=0, integer=True, hard=(0, INT32_MAX))
     number(body, "t_max_predict_ms", default=-1, integer=True, hard=(-1, INT64_MAX))
     n_keep = number(body, "n_keep", default=0, integer=True, hard=(-1, INT32_MAX))
@@ -234,6 +240,7 @@ def parse_generation(body: Mapping[str, Any], settings: ServerSettings) -> Gener
         cache_prompt=boolean(body, "cache_prompt", True),
         return_tokens=boolean(body, "return_tokens", False),
         n_keep=n_keep,
+        n_probs=n_probs,
     )
     object.__setattr__(gen, "settings_json", generation_settings(gen))
     return gen
@@ -273,7 +280,7 @@ def generation_settings(gen: Generation, *, only_metrics: bool = False) -> dict[
         "ignore_eos": s.ignore_eos,
         "stream": gen.stream,
         "logit_bias": [[t, False if b == -math.inf else b] for t, b in s.logit_bias],
-        "n_probs": 0,
+        "n_probs": gen.n_probs,
         "min_keep": 0,
         "grammar": s.grammar or "",
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],

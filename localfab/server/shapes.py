@@ -7,13 +7,15 @@ Three dialects share one generation: native `/completion` (`content`, `stop`, `t
 
 from __future__ import annotations
 
+import codecs
 import secrets
 import string
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localfab.engine.types import Done
+from localfab.engine.types import Done, TokenProbs
 from localfab.server.errors import dumps
 
 _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
@@ -48,6 +50,31 @@ def usage(done: Done) -> dict[str, Any]:
     }
 
 
+# --- token probabilities (n_probs / logprobs) ------------------------------------------------
+
+
+def _piece_text(piece: bytes) -> str:
+    """A token's text with an incomplete UTF-8 character at its end cut, as llama-server does."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(piece, final=False)
+
+
+def probs_entries(items: Sequence[tuple[int, TokenProbs]]) -> list[dict[str, Any]]:
+    """llama-server's completion_probabilities / logprobs.content entries, one per token."""
+    return [
+        {
+            "id": token,
+            "token": _piece_text(probs.piece),
+            "bytes": list(probs.piece),
+            "logprob": probs.logprob,
+            "top_logprobs": [
+                {"id": t, "token": _piece_text(piece), "bytes": list(piece), "logprob": logprob}
+                for t, piece, logprob in probs.top
+            ],
+        }
+        for token, probs in items
+    ]
+
+
 @dataclass(frozen=True)
 class Reply:
     """What every chunk of one response shares."""
@@ -65,8 +92,10 @@ class Reply:
 # --- native /completion ---------------------------------------------------------------------
 
 
-def native_partial(reply: Reply, text: str, token: int, n_decoded: int) -> dict[str, Any]:
-    return {
+def native_partial(
+    reply: Reply, text: str, token: int, n_decoded: int, probs: TokenProbs | None = None
+) -> dict[str, Any]:
+    res: dict[str, Any] = {
         "index": 0,
         "content": text,
         "tokens": [token] if token >= 0 else [],
@@ -75,6 +104,9 @@ def native_partial(reply: Reply, text: str, token: int, n_decoded: int) -> dict[
         "tokens_predicted": n_decoded,
         "tokens_evaluated": reply.n_prompt,
     }
+    if probs is not None:
+        res["completion_probabilities"] = probs_entries([(token, probs)])
+    return res
 
 
 def native_final(
@@ -85,8 +117,9 @@ def native_final(
     prompt_text: str,
     settings: dict[str, Any],
     return_tokens: bool,
+    probs: Sequence[tuple[int, TokenProbs]] = (),
 ) -> dict[str, Any]:
-    return {
+    res = {
         "index": 0,
         "content": "" if stream else done.text,
         "tokens": list(done.tokens) if return_tokens and not stream else [],
@@ -104,6 +137,9 @@ def native_final(
         "tokens_cached": done.prompt_tokens + max(done.timings.predicted_n - 1, 0),
         "timings": done.timings.to_dict(),
     }
+    if probs and not stream:
+        res["completion_probabilities"] = probs_entries(probs)
+    return res
 
 
 # --- OpenAI /v1/completions -----------------------------------------------------------------
@@ -120,17 +156,25 @@ def _cmpl_envelope(reply: Reply, choice: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def cmpl_partial(reply: Reply, text: str) -> dict[str, Any]:
+def _logprobs(probs: Sequence[tuple[int, TokenProbs]]) -> dict[str, Any] | None:
+    return {"content": probs_entries(probs)} if probs else None
+
+
+def cmpl_partial(
+    reply: Reply, text: str, probs: Sequence[tuple[int, TokenProbs]] = ()
+) -> dict[str, Any]:
     return _cmpl_envelope(
-        reply, {"text": text, "index": 0, "logprobs": None, "finish_reason": None}
+        reply, {"text": text, "index": 0, "logprobs": _logprobs(probs), "finish_reason": None}
     )
 
 
-def cmpl_final(reply: Reply, done: Done, *, stream: bool) -> dict[str, Any]:
+def cmpl_final(
+    reply: Reply, done: Done, *, stream: bool, probs: Sequence[tuple[int, TokenProbs]] = ()
+) -> dict[str, Any]:
     choice = {
         "text": "" if stream else done.text,
         "index": 0,
-        "logprobs": None,
+        "logprobs": None if stream else _logprobs(probs),
         "finish_reason": finish_reason(done),
     }
     res = _cmpl_envelope(reply, choice)
@@ -142,15 +186,18 @@ def cmpl_final(reply: Reply, done: Done, *, stream: bool) -> dict[str, Any]:
 # --- OpenAI /v1/chat/completions ------------------------------------------------------------
 
 
-def chat_final(reply: Reply, done: Done) -> dict[str, Any]:
+def chat_final(
+    reply: Reply, done: Done, probs: Sequence[tuple[int, TokenProbs]] = ()
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "finish_reason": finish_reason(done),
+        "index": 0,
+        "message": {"role": "assistant", "content": done.text},
+    }
+    if probs:
+        choice["logprobs"] = _logprobs(probs)
     return {
-        "choices": [
-            {
-                "finish_reason": finish_reason(done),
-                "index": 0,
-                "message": {"role": "assistant", "content": done.text},
-            }
-        ],
+        "choices": [choice],
         "created": reply.now(),
         "model": reply.model,
         "system_fingerprint": reply.fingerprint,
@@ -161,9 +208,17 @@ def chat_final(reply: Reply, done: Done) -> dict[str, Any]:
     }
 
 
-def chat_chunk(reply: Reply, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+def chat_chunk(
+    reply: Reply,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    probs: Sequence[tuple[int, TokenProbs]] = (),
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"finish_reason": finish, "index": 0, "delta": delta}
+    if probs:
+        choice["logprobs"] = _logprobs(probs)
     return {
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+        "choices": [choice],
         "created": reply.now(),
         "id": reply.id,
         "model": reply.model,

@@ -42,6 +42,7 @@ class Job:
     emit: Emit
     cache_prompt: bool = True
     n_keep: int = 0
+    n_probs: int = 0
     params: dict[str, Any] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -232,6 +233,7 @@ class EngineWorker:
                     stop=job.stop,
                     cancel=job.cancel,
                     on_context_full=self._shifter(job),
+                    n_probs=job.n_probs,
                 ):
                     if isinstance(event, Done):
                         done = event
