@@ -256,10 +256,12 @@ def cmd_chat(args: argparse.Namespace) -> dict[str, Any]:
         evaluated.setdefault(name, []).append(turn[2])
         return turn[0]
 
+    by_turn: list[list[tuple[float, bool, int]]] = []
     for _ in range(args.runs):
         with Engine(path, EngineSettings(n_ctx=8192, n_threads=args.threads)) as engine:
             session = ChatSession(engine, PromptBuilder(engine), system=system, max_continues=0)
             turns = _conversation(session, 20)
+            by_turn.append(turns)
             t2.append(note("turn2", turns[1]))
             t10.append(note("turn10", turns[9]))
             t20.append(note("turn20", turns[19]))
@@ -273,8 +275,18 @@ def cmd_chat(args: argparse.Namespace) -> dict[str, Any]:
                 assert turns[-1][1], "no shift happened"
                 sink.append(note("shift" if wrapped is engine else "reprocessed", turns[-1]))
                 if wrapped is engine:
-                    ordinary_t.append(note("ordinary", turns[-2]))
+                    # The ordinary turn to compare with: the last one before the shift that
+                    # evaluated as many tokens (a template that trims replies, say, can make a
+                    # turn re-process the previous reply; that is not the shift's cost).
+                    alike = [t for t in turns[:-1] if t[2] == turns[-1][2]]
+                    ordinary_t.append(note("ordinary", alike[-1] if alike else turns[-2]))
     med = statistics.median
+    warnings = [
+        f"{a} and {b} evaluated different token counts ({evaluated[a]} vs {evaluated[b]}): "
+        "their ratio compares unequal work"
+        for a, b in (("turn2", "turn20"), ("ordinary", "shift"))
+        if evaluated[a] != evaluated[b]
+    ]
     return {
         "model": str(path),
         "threads": args.threads,
@@ -290,6 +302,10 @@ def cmd_chat(args: argparse.Namespace) -> dict[str, Any]:
         # Tokens each measured turn evaluated (prompt_n), one per run: equal counts mean the
         # turns did equal work apart from attending to a longer history.
         **{f"prompt_n_{name}": counts for name, counts in evaluated.items()},
+        # Every turn of the 20-turn conversation (medians over runs), to compare like with like.
+        "ttft_by_turn_ms": [round(med(run[i][0] for run in by_turn), 1) for i in range(20)],
+        "prompt_n_by_turn": [by_turn[0][i][2] for i in range(20)],
+        "warnings": warnings,
     }
 
 

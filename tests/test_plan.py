@@ -103,7 +103,7 @@ def replace_devices(m: Machine, devices: tuple[Device, ...], backend: LlamaBacke
 def test_calibration_against_llama_cpp(model_path: Path, n_ctx: int, n_ubatch: int) -> None:
     """Predicted buffers vs the sizes llama.cpp logs when it loads the test model.
 
-    Uses the engine's `measure_buffers` (the lead engineer's interface): model, KV and compute
+    Uses the engine's `measure_buffers`: model, KV and compute
     buffer sizes summed over devices (all CPU here). Acceptance: weights and KV within 3 %,
     compute within 15 %.
     """
