@@ -556,3 +556,69 @@ def test_openai_logprobs(oai: openai.OpenAI):
         model="x", prompt="The sky is", max_tokens=3, temperature=0, logprobs=2
     )
     _check_entries(legacy.choices[0].logprobs.model_extra["content"], 2)
+
+
+def test_long_chat_leaves_out_whole_old_turns(loaded, http: httpx.Client):
+    """A chat longer than the window keeps the system prompt and the last turns, and says so."""
+    engine = loaded.engine  # type: ignore[attr-defined]
+    system = "You are the assistant of a lighthouse keeper."
+    filler = "The lamp was cleaned, the lens polished and the log written up again. " * 4
+    messages = [{"role": "system", "content": system}]
+    for i in range(24):
+        messages += [
+            {"role": "user", "content": f"Turn {i}: {filler}"},
+            {"role": "assistant", "content": f"Noted for turn {i}. {filler}"},
+        ]
+    messages.append({"role": "user", "content": "What should I do now?"})
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0}
+    res = http.post("/v1/chat/completions", json=body)
+    assert res.status_code == 200, res.text
+    first = res.json()
+    shift = first["context_shift"]
+    assert shift["turns"] >= 1 and shift["tokens"] > 0
+    assert first["usage"]["prompt_tokens"] <= engine.n_ctx - 8
+    window = engine.detokenize(engine.cached_tokens, special=True)
+    assert window.startswith(f"<bos><start_of_turn>user\n{system}\n\n")
+    assert "What should I do now?" in window and "Turn 0:" not in window
+    kept = window.index("Turn ") + len("Turn ")
+    first_kept = int(window[kept : window.index(":", kept)])
+    assert first_kept == shift["turns"]  # whole turns, oldest first
+
+    # The next request outgrows the window again: the kept turns come from the KV cache.
+    messages += [
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": f"And after that? {filler}"},
+    ]
+    again = http.post("/v1/chat/completions", json={**body, "messages": messages}).json()
+    assert again["context_shift"]["turns"] > shift["turns"]
+    timings = again["timings"]
+    assert timings["cache_n"] > 1000 and timings["prompt_n"] < 200
+
+    # Streamed, the last chunk says it; a chat that fits says nothing.
+    stream = http.post("/v1/chat/completions", json={**body, "stream": True})
+    events = sse_events(stream.text)
+    assert json.loads(events[-2])["context_shift"] == again["context_shift"]
+    short = http.post("/v1/chat/completions", json={**body, "messages": messages[-1:]}).json()
+    assert "context_shift" not in short
+
+
+def test_chat_reply_that_fills_the_window_goes_on(loaded, http: httpx.Client):
+    engine = loaded.engine  # type: ignore[attr-defined]
+    filler = "The keeper trimmed the wick and wound the clockwork of the lamp. " * 4
+    messages: list[dict[str, str]] = [{"role": "system", "content": "Be thorough."}]
+    for i in range(12):
+        messages += [
+            {"role": "user", "content": f"Turn {i}: {filler}"},
+            {"role": "assistant", "content": filler},
+        ]
+    messages.append({"role": "user", "content": "Write the whole log book."})
+    body = {"messages": messages, "max_tokens": 700, "temperature": 0, "ignore_eos": True}
+    res = http.post("/v1/chat/completions", json=body).json()
+    assert res["usage"]["completion_tokens"] == 700
+    assert res["choices"][0]["finish_reason"] == "length"
+    # The prompt and the reply together outgrow the window: turns left during the reply too.
+    assert res["usage"]["prompt_tokens"] + 700 > engine.n_ctx
+    assert res["context_shift"]["turns"] >= 2
+    window = engine.detokenize(engine.cached_tokens, special=True)
+    assert window.startswith("<bos><start_of_turn>user\nBe thorough.\n\n")
+    assert "Write the whole log book." in window

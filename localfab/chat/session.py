@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from localfab.chat.history import History
 from localfab.chat.prompt import PromptBuilder
@@ -72,6 +73,41 @@ class Reply:
 ChatEvent = TokenEvent | Shifted | Continued | Reply
 
 
+def next_turn_start(messages: Sequence[Mapping[str, Any]], start: int, last: int) -> int | None:
+    """Index of the user message that starts the turn after `start`, up to `last`."""
+    for i in range(start + 1, last + 1):
+        if messages[i]["role"] == "user":
+            return i
+    return None
+
+
+def fit_turns(
+    messages: Sequence[Mapping[str, Any]],
+    start: int,
+    last_user: int,
+    tokens_from: Callable[[int], list[int]],
+    budget: int,
+) -> tuple[int, list[int], int, int]:
+    """Drop whole oldest turns of `messages` until the prompt fits in `budget` tokens.
+
+    `tokens_from(i)` is the prompt of the system prompt plus messages[i:]; turns start at user
+    messages and the one at `last_user` always stays. Returns (first kept message, its prompt,
+    turns dropped, tokens of the prompt before dropping); the prompt may still exceed the
+    budget when only the last turn is left.
+    """
+    tokens = tokens_from(start)
+    n_before = len(tokens)
+    dropped = 0
+    while len(tokens) > budget:
+        nxt = next_turn_start(messages, start, last_user)
+        if nxt is None:
+            break
+        start = nxt
+        dropped += 1
+        tokens = tokens_from(start)
+    return start, tokens, dropped, n_before
+
+
 class ChatSession:
     """History, window, shift and continuation over one engine."""
 
@@ -129,29 +165,20 @@ class ChatSession:
         return self.prompts.tokens(messages, continue_final=continue_final, pinned=pinned)
 
     def _next_turn_start(self, start: int, last: int) -> int | None:
-        """Index of the user message that starts the turn after `start`, before `last`."""
-        for i in range(start + 1, last + 1):
-            if self.messages[i]["role"] == "user":
-                return i
-        return None
+        return next_turn_start(self.messages, start, last)
 
     def _fit(self, last_user: int, reserve: int) -> tuple[int, list[int], int, int]:
         """Drop oldest turns until the window fits.
 
         Returns (start, tokens, turns dropped, tokens the unfitted window had).
         """
-        start = self.window_start
-        tokens = self._tokens(start, self.window(start))
-        n_before = len(tokens)
-        dropped = 0
-        while len(tokens) + reserve > self.n_ctx:
-            nxt = self._next_turn_start(start, last_user)
-            if nxt is None:
-                break
-            start = nxt
-            dropped += 1
-            tokens = self._tokens(start, self.window(start))
-        return start, tokens, dropped, n_before
+        return fit_turns(
+            self.messages,
+            self.window_start,
+            last_user,
+            lambda start: self._tokens(start, self.window(start)),
+            self.n_ctx - reserve,
+        )
 
     # --- a turn --------------------------------------------------------------------------------
 

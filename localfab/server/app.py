@@ -31,9 +31,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localfab.chat.session import REPLY_RESERVE_FRACTION
 from localfab.engine.types import Done, TokenEvent, TokenProbs
 from localfab.errors import LocalfabError, UsageError
 from localfab.server import shapes
+from localfab.server.chat_window import ChatWindow
 from localfab.server.errors import ApiError, dumps
 from localfab.server.params import Generation, generation_settings, parse_generation
 from localfab.server.settings import ServerSettings
@@ -345,7 +347,7 @@ class Server:
             return tokens
         raise ApiError(_PROMPT_TYPES)
 
-    def chat_prompt(self, body: Mapping[str, Any]) -> tuple[list[int], str]:
+    def chat_prompt(self, body: Mapping[str, Any]) -> ChatWindow:
         """Render `messages` with the chat template; a final assistant message is continued."""
         if "messages" not in body:
             raise ApiError("'messages' is required")
@@ -359,20 +361,18 @@ class Server:
         if not isinstance(add_generation_prompt, bool):
             raise ApiError("Field 'add_generation_prompt' must be a boolean")
         prompts = self.model.prompts
-        try:
-            if messages[-1]["role"] == "assistant":
-                if len(messages) >= 2 and messages[-2]["role"] == "assistant":
-                    raise ApiError(
-                        "Cannot have 2 or more assistant messages at the end of the list."
-                    )
-                text = prompts.text(messages, continue_final=True)
-            else:
-                text = prompts.template.render(
-                    messages, add_generation_prompt=add_generation_prompt
-                )
-        except UsageError as exc:
-            raise ApiError(str(exc)) from exc
-        return prompts.encode(text), text
+        if [m["role"] for m in messages[-2:]] == ["assistant", "assistant"]:
+            raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
+
+        def render(window: list[Mapping[str, Any]]) -> str:
+            try:
+                if window[-1]["role"] == "assistant":
+                    return prompts.text(window, continue_final=True)
+                return prompts.template.render(window, add_generation_prompt=add_generation_prompt)
+            except UsageError as exc:
+                raise ApiError(str(exc)) from exc
+
+        return ChatWindow(messages, render, prompts.encode)
 
     def check_prompt(self, tokens: list[int]) -> None:
         engine = self.model.engine
@@ -383,8 +383,21 @@ class Server:
 
     # --- generation --------------------------------------------------------------------------
 
-    async def generate(self, request: Request, tokens: list[int], gen: Generation, kind: str):
-        """Queue one generation and answer in `kind`'s dialect: native, cmpl or chat."""
+    async def generate(
+        self,
+        request: Request,
+        tokens: list[int],
+        gen: Generation,
+        kind: str,
+        *,
+        window: ChatWindow | None = None,
+    ):
+        """Queue one generation and answer in `kind`'s dialect: native, cmpl or chat.
+
+        A chat's `window` leaves out whole oldest turns when the conversation does not fit,
+        before and during the reply; the engine moves the KV cells of the kept turns instead
+        of processing them again, and the response's `context_shift` says what was left out.
+        """
         self.check_prompt(tokens)
         loop = asyncio.get_running_loop()
         channel = Channel(loop)
@@ -398,6 +411,8 @@ class Server:
             cache_prompt=gen.cache_prompt,
             n_keep=gen.n_keep,
             n_probs=gen.n_probs,
+            realign=window is not None and window.left_out["turns"] > 0,
+            on_context_full=window.on_context_full if window is not None else None,
             params=generation_settings(gen, only_metrics=True),
         )
         reply = shapes.Reply(
@@ -405,6 +420,7 @@ class Server:
             model=self.info.name if self.info else "",
             fingerprint=self.settings.build_info,
             n_prompt=len(tokens),
+            context_shift=window.left_out if window is not None else None,
         )
         self.worker.submit(job)
         watcher = asyncio.create_task(_watch_disconnect(request, job, channel))
@@ -545,12 +561,21 @@ class Server:
         body = await self.read_json(request)
         body = _chat_to_completion_fields(body)
         gen = parse_generation(body, self.settings)
-        tokens, _ = self.chat_prompt(body)
-        return await self.generate(request, tokens, gen, "chat")
+        window = self.chat_prompt(body)
+        n_ctx = self.model.engine.n_ctx
+        reserve = n_ctx // REPLY_RESERVE_FRACTION
+        window.fit(n_ctx - (min(reserve, gen.n_predict) if gen.n_predict > 0 else reserve))
+        if window.left_out["turns"]:
+            log.info(
+                "context full: %d oldest turn(s) (%d tokens) left the window",
+                window.left_out["turns"],
+                window.left_out["tokens"],
+            )
+        return await self.generate(request, window.tokens, gen, "chat", window=window)
 
     async def apply_template(self, request: Request) -> Response:
         body = await self.read_json(request)
-        _, text = self.chat_prompt(body)
+        text = self.chat_prompt(body).text
         return json_response({"prompt": text})
 
     async def tokenize_endpoint(self, request: Request) -> Response:
@@ -700,7 +725,7 @@ class Server:
 
     async def props_post(self, request: Request) -> Response:
         raise ApiError(
-            "This server does not support changing global properties. Start it with `--props`",
+            "This server does not support changing global properties",
             "not_supported_error",
         )
 

@@ -84,6 +84,8 @@ class Reply:
     fingerprint: str
     n_prompt: int
     created: int = 0
+    # Whole oldest turns a chat left out to fit the window: {"turns": n, "tokens": n}.
+    context_shift: dict[str, int] | None = None
 
     def now(self) -> int:
         return self.created or int(time.time())
@@ -186,6 +188,10 @@ def cmpl_final(
 # --- OpenAI /v1/chat/completions ------------------------------------------------------------
 
 
+def _shifted(reply: Reply) -> bool:
+    return bool(reply.context_shift and reply.context_shift.get("turns"))
+
+
 def chat_final(
     reply: Reply, done: Done, probs: Sequence[tuple[int, TokenProbs]] = ()
 ) -> dict[str, Any]:
@@ -205,6 +211,7 @@ def chat_final(
         "usage": usage(done),
         "id": reply.id,
         "timings": done.timings.to_dict(),
+        **({"context_shift": reply.context_shift} if _shifted(reply) else {}),
     }
 
 
@@ -248,4 +255,6 @@ def chat_final_chunks(reply: Reply, done: Done, *, include_usage: bool) -> list[
             }
         )
     chunks[-1]["timings"] = done.timings.to_dict()
+    if _shifted(reply):
+        chunks[-1]["context_shift"] = reply.context_shift
     return chunks

@@ -43,6 +43,11 @@ class Job:
     cache_prompt: bool = True
     n_keep: int = 0
     n_probs: int = 0
+    # Turns were left out of the prompt: shift the KV cache to it before generating, so the
+    # kept turns are not processed again.
+    realign: bool = False
+    # A chat's turn-boundary shift for a reply that fills the window (see ChatWindow).
+    on_context_full: Callable[[list[int]], list[int] | None] | None = None
     params: dict[str, Any] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -225,6 +230,8 @@ class EngineWorker:
             elif job.n_predict == 0:
                 done = self._evaluate_only(job)
             else:
+                if job.realign and engine.can_shift:
+                    engine.shift_to(job.tokens)
                 parts: list[str] = []
                 for event in engine.stream(
                     job.tokens,
@@ -277,11 +284,14 @@ class EngineWorker:
         return Done("", "length", "limit", (), timings, len(job.tokens))
 
     def _shifter(self, job: Job) -> Callable[[list[int]], list[int] | None] | None:
-        """With --context-shift: when the window fills, keep BOS + n_keep, drop half the rest.
+        """How a reply that fills the window goes on; None: it stops there.
 
-        This is llama-server's shift (n_discard = half of what follows n_keep); the engine
-        moves the kept KV cells instead of re-processing them.
+        A chat leaves out its oldest turn (ChatWindow). Otherwise, with --context-shift, this is
+        llama-server's shift: keep BOS + n_keep, drop half of what follows (n_discard). Either
+        way the engine moves the kept KV cells instead of re-processing them.
         """
+        if job.on_context_full is not None:
+            return job.on_context_full
         if not self.context_shift:
             return None
 
