@@ -458,6 +458,15 @@ def test_context_shift_keeps_generating(loaded: object):
         _wait_ready(shifting.url)
         res = httpx.post(shifting.url + "/completion", json=body, timeout=300).json()
         assert res["tokens_predicted"] == 80 and res["truncated"] is False
+        # A chat with one turn has no whole turn to give: it falls back to the same shift.
+        chat = {
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 80,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        res = httpx.post(shifting.url + "/v1/chat/completions", json=chat, timeout=300).json()
+        assert res["usage"]["completion_tokens"] == 80 and "context_shift" not in res
     finally:
         shifting.stop()
 

@@ -99,9 +99,9 @@ class _CharTokenizer:
         parts = re.findall(r"</?t>|.", text, re.S)
         return [self.SPECIAL[p] if p in self.SPECIAL else ord(p) for p in parts]
 
-    def detokenize(self, tokens, *, special=False):
+    def token_bytes(self, token, *, special=False):
         names = {v: k for k, v in self.SPECIAL.items()}
-        return "".join(names.get(t, chr(t)) for t in tokens)
+        return names.get(token, chr(token) if token < 0x110000 else "").encode()
 
     def token_text(self, token):
         return ""
@@ -143,3 +143,24 @@ def test_pinned_tokens_stand_in_for_content_the_template_places_verbatim():
     twice = ChatTemplate("{% for m in messages %}{{ m.content * 2 }}{% endfor %}", "gguf")
     builder = PromptBuilder(tok, twice)  # type: ignore[arg-type]
     assert builder.tokens(messages, pinned={1: [7, 8]}) == builder.tokens(messages)
+
+
+def test_pins_are_not_used_where_the_tokenizer_adds_text_to_a_fragment():
+    """SentencePiece vocabularies with a space prefix put "▁" before a fragment's first word;
+    a prompt spliced from separately tokenized fragments would then hold a space the template
+    never rendered, so the whole text is tokenized instead."""
+    from localfab.chat.prompt import PromptBuilder
+
+    class SpacePrefix(_CharTokenizer):
+        def tokenize(self, text, *, add_special=True, parse_special=True):
+            tokens = super().tokenize(text)
+            return tokens if text.startswith("<") else [ord(" "), *tokens]
+
+    source = "{% for m in messages %}<t>{{ m.content }}\\nnext\\n{% endfor %}"
+    template = ChatTemplate(source, "gguf")
+    builder = PromptBuilder(SpacePrefix(), template)  # type: ignore[arg-type]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "you"}]
+    assert builder.tokens(messages, pinned={1: [*b"you"]}) == builder.tokens(messages)
+    assert builder.spelled(builder.tokens(messages, pinned={1: [*b"you"]})[1:]) == (
+        builder.text(messages).encode()
+    )

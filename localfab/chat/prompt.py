@@ -25,7 +25,7 @@ class Tokenizer(Protocol):
         self, text: str, *, add_special: bool = ..., parse_special: bool = ...
     ) -> list[int]: ...
     def token_text(self, token: int) -> str: ...
-    def detokenize(self, tokens: Sequence[int], *, special: bool = ...) -> str: ...
+    def token_bytes(self, token: int, *, special: bool = ...) -> bytes: ...
     def chat_template(self) -> str | None: ...
     @property
     def architecture(self) -> str: ...
@@ -118,10 +118,15 @@ class PromptBuilder:
                 piece = self.engine.tokenize(fragment, add_special=False, parse_special=True)
                 # A tokenizer that changes a fragment on its own (a space prefix, say) would put
                 # text in the prompt that the template did not: then tokenize the whole text.
-                if self.engine.detokenize(piece, special=True) != fragment:
+                if self.spelled(piece) != fragment.encode():
                     return None
                 out.extend(piece)
         return out
+
+    def spelled(self, tokens: Sequence[int]) -> bytes:
+        """The exact bytes `tokens` stand for, control tokens as their text (no detokenizer
+        clean-up such as dropping a leading space)."""
+        return b"".join(self.engine.token_bytes(t, special=True) for t in tokens)
 
     @staticmethod
     def _rebuild(fragments: list[str], contents: list[str]) -> str:
@@ -130,12 +135,11 @@ class PromptBuilder:
 
     def _trim(self, tokens: list[int], content: str) -> list[int] | None:
         """`tokens` without whitespace-only tokens at the ends, if what is left is `content`."""
-        detok = self.engine.detokenize
-        while tokens and not detok(tokens[:1]).strip():
+        while tokens and not self.spelled(tokens[:1]).strip():
             tokens = tokens[1:]
-        while tokens and not detok(tokens[-1:]).strip():
+        while tokens and not self.spelled(tokens[-1:]).strip():
             tokens = tokens[:-1]
-        return tokens if detok(tokens) == content else None
+        return tokens if self.spelled(tokens) == content.encode() else None
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered template text: special tokens parsed, one BOS if the model wants it."""

@@ -342,7 +342,9 @@ class ChatSession:
             text = "".join(parts)
             self.messages[reply_index]["content"] = text
             generated = reply_tokens + list(last.tokens)
-            if not prefix_text and generated and engine.detokenize(generated) == text:  # type: ignore[attr-defined]
+            # Pinned only when the tokens spell exactly the reply's text: not a reply cut at a
+            # stop string, nor one with control tokens (whose text the reply does not show).
+            if not prefix_text and generated and self.prompts.spelled(generated) == text.encode():
                 self._pins[reply_index] = (text, tuple(generated))
             yield Reply(
                 text=text,

@@ -372,7 +372,7 @@ class Server:
             except UsageError as exc:
                 raise ApiError(str(exc)) from exc
 
-        return ChatWindow(messages, render, prompts.encode)
+        return ChatWindow(messages, render, prompts.encode, self.model.engine.n_ctx)
 
     def check_prompt(self, tokens: list[int]) -> None:
         engine = self.model.engine
@@ -412,7 +412,7 @@ class Server:
             n_keep=gen.n_keep,
             n_probs=gen.n_probs,
             realign=window is not None and window.left_out["turns"] > 0,
-            on_context_full=window.on_context_full if window is not None else None,
+            window=window,
             params=generation_settings(gen, only_metrics=True),
         )
         reply = shapes.Reply(

@@ -23,7 +23,9 @@ class ChatWindow:
         messages: Sequence[Mapping[str, Any]],
         render: Callable[[list[Mapping[str, Any]]], str],
         encode: Callable[[str], list[int]],
+        n_ctx: int,
     ) -> None:
+        self._n_ctx = n_ctx
         self._render = render
         self._encode = encode
         n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
@@ -64,12 +66,18 @@ class ChatWindow:
             self._leave_out(start, dropped, texts[start], tokens)
 
     def on_context_full(self, generated: list[int]) -> list[int] | None:
-        """The engine's callback when the reply fills the window: one more turn leaves."""
+        """The engine's callback when the reply fills the window: the oldest turns leave, as
+        many as it takes to fit; None when no whole turn is left to give."""
         if self._last_user is None:
             return None
-        nxt = next_turn_start(self._rest, self._start, self._last_user)
-        if nxt is None:
-            return None
-        text, tokens = self._prompt(nxt)
-        self._leave_out(nxt, 1, text, tokens)
-        return tokens + generated[:-1]
+        start, turns = self._start, 0
+        while True:
+            nxt = next_turn_start(self._rest, start, self._last_user)
+            if nxt is None:
+                return None
+            start, turns = nxt, turns + 1
+            text, tokens = self._prompt(start)
+            target = tokens + generated[:-1]
+            if len(target) < self._n_ctx:
+                self._leave_out(start, turns, text, tokens)
+                return target

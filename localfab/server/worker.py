@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from localfab.engine.types import Done, SamplingParams, Timings, TokenEvent
 from localfab.errors import ContextOverflow, LocalfabError, UsageError
+from localfab.server.chat_window import ChatWindow
 from localfab.server.errors import ApiError
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ class Job:
     # Turns were left out of the prompt: shift the KV cache to it before generating, so the
     # kept turns are not processed again.
     realign: bool = False
-    # A chat's turn-boundary shift for a reply that fills the window (see ChatWindow).
-    on_context_full: Callable[[list[int]], list[int] | None] | None = None
+    # A chat's messages fitted by whole turns (ChatWindow): it makes room for a reply that
+    # fills the window.
+    window: ChatWindow | None = None
     params: dict[str, Any] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -286,25 +288,31 @@ class EngineWorker:
     def _shifter(self, job: Job) -> Callable[[list[int]], list[int] | None] | None:
         """How a reply that fills the window goes on; None: it stops there.
 
-        A chat leaves out its oldest turn (ChatWindow). Otherwise, with --context-shift, this is
-        llama-server's shift: keep BOS + n_keep, drop half of what follows (n_discard). Either
-        way the engine moves the kept KV cells instead of re-processing them.
+        A chat leaves out its oldest turns (ChatWindow). Otherwise, or when no whole turn is
+        left to give, with --context-shift this is llama-server's shift: keep BOS + n_keep and
+        drop half of what follows (n_discard). Either way the engine moves the kept KV cells
+        instead of re-processing them.
         """
-        if job.on_context_full is not None:
-            return job.on_context_full
-        if not self.context_shift:
-            return None
+        window = job.window
 
-        def shift(generated: list[int]) -> list[int] | None:
-            window = list(job.tokens) + generated[:-1]
-            keep = 1 + (job.n_keep if job.n_keep >= 0 else len(job.tokens))
-            keep = min(keep, len(window) - 2)
-            n_discard = (len(window) - keep) // 2
+        def halve(prompt: Sequence[int], generated: list[int]) -> list[int] | None:
+            tokens = list(prompt) + generated[:-1]
+            keep = 1 + (job.n_keep if job.n_keep >= 0 else len(prompt))
+            keep = min(keep, len(tokens) - 2)
+            n_discard = (len(tokens) - keep) // 2
             if keep < 1 or n_discard <= 0:
                 return None
-            return window[:keep] + window[keep + n_discard :]
+            return tokens[:keep] + tokens[keep + n_discard :]
 
-        return shift
+        def shift(generated: list[int]) -> list[int] | None:
+            if window is not None:
+                target = window.on_context_full(generated)
+                if target is not None or not self.context_shift:
+                    return target
+                return halve(window.tokens, generated)
+            return halve(job.tokens, generated)
+
+        return shift if window is not None or self.context_shift else None
 
 
 def _cancelled(n_prompt: int) -> Done:
