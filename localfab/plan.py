@@ -720,7 +720,9 @@ def _plan(facts: ModelFacts, machine: Machine, wishes: Wishes) -> Plan:
             warnings.append(f"-ngl {wishes.n_gpu_layers} ignored: no GPU this build can use")
             ngl_fixed = 0
 
-    def est(ngl: int, ctx: int, kv: tuple[str, str]) -> Estimate:
+    def est(
+        ngl: int, ctx: int, kv: tuple[str, str], *, swa_full: bool = wishes.swa_full
+    ) -> Estimate:
         return estimate(
             facts,
             machine,
@@ -731,7 +733,7 @@ def _plan(facts: ModelFacts, machine: Machine, wishes: Wishes) -> Plan:
             type_v=kv[1],
             flash_attn=flash_attn,
             n_ubatch=n_ubatch,
-            swa_full=wishes.swa_full,
+            swa_full=swa_full,
         )
 
     top = full if gpu is not None else 0
@@ -835,18 +837,7 @@ def _plan(facts: ModelFacts, machine: Machine, wishes: Wishes) -> Plan:
     if facts.sliding_window and any(facts.swa_layers):
         n_swa = sum(facts.swa_layers)
         if wishes.swa_full:
-            small = estimate(
-                facts,
-                machine,
-                gpu=gpu,
-                n_gpu_layers=ngl,
-                n_ctx=n_ctx,
-                type_k=kv[0],
-                type_v=kv[1],
-                flash_attn=flash_attn,
-                n_ubatch=n_ubatch,
-                swa_full=False,
-            )
+            small = est(ngl, n_ctx, kv, swa_full=False)
             extra = _kv_total(final) - _kv_total(small)
             if extra > 0:
                 reasons.append(

@@ -164,9 +164,6 @@ class ChatSession:
         }
         return self.prompts.tokens(messages, continue_final=continue_final, pinned=pinned)
 
-    def _next_turn_start(self, start: int, last: int) -> int | None:
-        return next_turn_start(self.messages, start, last)
-
     def _fit(self, last_user: int, reserve: int) -> tuple[int, list[int], int, int]:
         """Drop oldest turns until the window fits.
 
@@ -262,21 +259,28 @@ class ChatSession:
 
         def on_full(generated: list[int]) -> list[int] | None:
             nonlocal base_prompt
-            nxt = self._next_turn_start(self.window_start, last_user)
-            if nxt is None:
+            tail = reply_tokens + generated[:-1]
+
+            def prompt_from(start: int) -> list[int]:
+                if start == self.window_start:
+                    return base_prompt
+                window = self.window(start)
+                if prefix_text:
+                    window[-1] = {"role": "assistant", "content": prefix_text}
+                    return self._tokens(start, window, continue_final=True)
+                return self._tokens(start, window[:-1])
+
+            # As few oldest turns leave as it takes for the reply to go on.
+            start, tokens, dropped, before = fit_turns(
+                self.messages, self.window_start, last_user, prompt_from, self.n_ctx - 1 - len(tail)
+            )
+            if not dropped or len(tokens) + len(tail) >= self.n_ctx:
                 return None
-            before = len(base_prompt)
-            self.window_start = nxt
-            window = self.window(nxt)
-            if prefix_text:
-                window[-1] = {"role": "assistant", "content": prefix_text}
-                base_prompt = self._tokens(nxt, window, continue_final=True)
-            else:
-                base_prompt = self._tokens(nxt, window[:-1])
-            event = Shifted(1, max(0, before - len(base_prompt)), not engine.can_shift, True)  # type: ignore[attr-defined]
+            self.window_start, base_prompt = start, tokens
+            event = Shifted(dropped, before - len(tokens), not engine.can_shift, True)  # type: ignore[attr-defined]
             pending_events.append(event)
             shifts.append(event)
-            return base_prompt + reply_tokens + generated[:-1]
+            return tokens + tail
 
         status = "interrupted"
         last_flush = time.monotonic()

@@ -347,8 +347,11 @@ class Server:
             return tokens
         raise ApiError(_PROMPT_TYPES)
 
-    def chat_prompt(self, body: Mapping[str, Any]) -> ChatWindow:
-        """Render `messages` with the chat template; a final assistant message is continued."""
+    def chat_messages(
+        self, body: Mapping[str, Any]
+    ) -> tuple[list[dict[str, Any]], Callable[[Sequence[Mapping[str, Any]]], str]]:
+        """The request's validated `messages`, and how to render (part of) them with the chat
+        template; a final assistant message is continued."""
         if "messages" not in body:
             raise ApiError("'messages' is required")
         if not isinstance(body["messages"], list):
@@ -364,7 +367,7 @@ class Server:
         if [m["role"] for m in messages[-2:]] == ["assistant", "assistant"]:
             raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
 
-        def render(window: list[Mapping[str, Any]]) -> str:
+        def render(window: Sequence[Mapping[str, Any]]) -> str:
             try:
                 if window[-1]["role"] == "assistant":
                     return prompts.text(window, continue_final=True)
@@ -372,7 +375,7 @@ class Server:
             except UsageError as exc:
                 raise ApiError(str(exc)) from exc
 
-        return ChatWindow(messages, render, prompts.encode, self.model.engine.n_ctx)
+        return messages, render
 
     def check_prompt(self, tokens: list[int]) -> None:
         engine = self.model.engine
@@ -411,7 +414,6 @@ class Server:
             cache_prompt=gen.cache_prompt,
             n_keep=gen.n_keep,
             n_probs=gen.n_probs,
-            realign=window is not None and window.left_out["turns"] > 0,
             window=window,
             params=generation_settings(gen, only_metrics=True),
         )
@@ -561,7 +563,8 @@ class Server:
         body = await self.read_json(request)
         body = _chat_to_completion_fields(body)
         gen = parse_generation(body, self.settings)
-        window = self.chat_prompt(body)
+        messages, render = self.chat_messages(body)
+        window = ChatWindow(messages, render, self.model.prompts.encode, self.model.engine.n_ctx)
         n_ctx = self.model.engine.n_ctx
         reserve = n_ctx // REPLY_RESERVE_FRACTION
         window.fit(n_ctx - (min(reserve, gen.n_predict) if gen.n_predict > 0 else reserve))
@@ -575,7 +578,8 @@ class Server:
 
     async def apply_template(self, request: Request) -> Response:
         body = await self.read_json(request)
-        text = self.chat_prompt(body).text
+        messages, render = self.chat_messages(body)
+        text = render(messages)
         return json_response({"prompt": text})
 
     async def tokenize_endpoint(self, request: Request) -> Response:

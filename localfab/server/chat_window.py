@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from localfab.chat.session import fit_turns, next_turn_start
+from localfab.chat.session import fit_turns
 
 
 class ChatWindow:
@@ -21,7 +21,7 @@ class ChatWindow:
     def __init__(
         self,
         messages: Sequence[Mapping[str, Any]],
-        render: Callable[[list[Mapping[str, Any]]], str],
+        render: Callable[[Sequence[Mapping[str, Any]]], str],
         encode: Callable[[str], list[int]],
         n_ctx: int,
     ) -> None:
@@ -38,46 +38,38 @@ class ChatWindow:
         self.tokens = encode(self.text)
         self.left_out = {"turns": 0, "tokens": 0}  # so far; grows if the reply needs room
 
-    def _prompt(self, start: int) -> tuple[str, list[int]]:
-        text = self._render(self._head + self._rest[start:])
-        return text, self._encode(text)
+    def fit(self, budget: int, *, all_or_nothing: bool = False) -> bool:
+        """Leave out oldest turns until the prompt fits in `budget` tokens; True if it fits.
 
-    def _leave_out(self, start: int, turns: int, text: str, tokens: list[int]) -> None:
-        self.left_out["turns"] += turns
-        self.left_out["tokens"] += max(0, len(self.tokens) - len(tokens))
-        self._start, self.text, self.tokens = start, text, tokens
-
-    def fit(self, budget: int) -> None:
-        """Leave out oldest turns until the prompt fits in `budget` tokens (or one turn is left)."""
-        if len(self.tokens) <= budget or self._last_user is None:
-            return
+        Only the last turn is never left out. With `all_or_nothing`, no turn leaves unless the
+        prompt then fits.
+        """
+        if len(self.tokens) <= budget:
+            return True
+        if self._last_user is None:
+            return False
         texts = {self._start: self.text}
 
         def tokens_from(start: int) -> list[int]:
             if start == self._start:
                 return self.tokens
-            texts[start], tokens = self._prompt(start)
-            return tokens
+            texts[start] = self._render(self._head + self._rest[start:])
+            return self._encode(texts[start])
 
         start, tokens, dropped, _ = fit_turns(
             self._rest, self._start, self._last_user, tokens_from, budget
         )
-        if dropped:
-            self._leave_out(start, dropped, texts[start], tokens)
+        fits = len(tokens) <= budget
+        if dropped and (fits or not all_or_nothing):
+            self.left_out["turns"] += dropped
+            self.left_out["tokens"] += max(0, len(self.tokens) - len(tokens))
+            self._start, self.text, self.tokens = start, texts[start], tokens
+        return fits
 
     def on_context_full(self, generated: list[int]) -> list[int] | None:
-        """The engine's callback when the reply fills the window: the oldest turns leave, as
-        many as it takes to fit; None when no whole turn is left to give."""
-        if self._last_user is None:
+        """The engine's callback when the reply fills the window: as few oldest turns leave as
+        it takes to go on; None when no whole turn is left to give."""
+        tail = generated[:-1]
+        if not self.fit(self._n_ctx - 1 - len(tail), all_or_nothing=True):
             return None
-        start, turns = self._start, 0
-        while True:
-            nxt = next_turn_start(self._rest, start, self._last_user)
-            if nxt is None:
-                return None
-            start, turns = nxt, turns + 1
-            text, tokens = self._prompt(start)
-            target = tokens + generated[:-1]
-            if len(target) < self._n_ctx:
-                self._leave_out(start, turns, text, tokens)
-                return target
+        return self.tokens + tail

@@ -44,9 +44,6 @@ class Job:
     cache_prompt: bool = True
     n_keep: int = 0
     n_probs: int = 0
-    # Turns were left out of the prompt: shift the KV cache to it before generating, so the
-    # kept turns are not processed again.
-    realign: bool = False
     # A chat's messages fitted by whole turns (ChatWindow): it makes room for a reply that
     # fills the window.
     window: ChatWindow | None = None
@@ -232,7 +229,8 @@ class EngineWorker:
             elif job.n_predict == 0:
                 done = self._evaluate_only(job)
             else:
-                if job.realign and engine.can_shift:
+                if job.window is not None and job.window.left_out["turns"] and engine.can_shift:
+                    # Turns were left out: move the kept ones' KV cells rather than process them.
                     engine.shift_to(job.tokens)
                 parts: list[str] = []
                 for event in engine.stream(
