@@ -27,6 +27,7 @@ def collect(engine, tokens, **kw):
     return texts, done
 
 
+@pytest.mark.model
 def test_stream_equals_non_streamed_text(engine):
     tokens = engine.tokenize(PROMPT)
     texts, done = collect(engine, tokens, max_tokens=48, sampling=GREEDY)
@@ -41,6 +42,7 @@ def test_stream_equals_non_streamed_text(engine):
 MIXED = "汉字和标点，。混合 emoji 🦙🚀👩‍💻 and ASCII: naïve café — 数据 ✅ end"
 
 
+@pytest.mark.model
 def test_incremental_detokenization_of_mixed_text_equals_one_shot(engine):
     tokens = engine.tokenize(MIXED, add_special=False)
     pieces = [engine.token_bytes(t) for t in tokens]
@@ -58,6 +60,7 @@ def test_incremental_detokenization_of_mixed_text_equals_one_shot(engine):
     assert "".join(shown) == engine.detokenize(tokens) == MIXED
 
 
+@pytest.mark.model
 def test_generated_multibyte_text_streams_without_broken_characters(engine):
     tokens = engine.tokenize("中文：你好，世界！今天天气很好。我们去公园散步，然后")
     texts, done = collect(engine, tokens, max_tokens=40, sampling=GREEDY)
@@ -65,6 +68,7 @@ def test_generated_multibyte_text_streams_without_broken_characters(engine):
     assert "".join(texts) == engine.detokenize(done.tokens)
 
 
+@pytest.mark.model
 def test_prefix_reuse_processes_only_new_tokens(engine):
     engine.clear_cache()
     first = engine.tokenize("Once upon a time in a small village by the sea, there lived")
@@ -80,6 +84,7 @@ def test_prefix_reuse_processes_only_new_tokens(engine):
     assert done3.text == done2.text
 
 
+@pytest.mark.model
 def test_stop_string_ends_the_reply_before_it(engine):
     tokens = engine.tokenize(PROMPT)
     full = engine.generate(tokens, max_tokens=40, sampling=GREEDY).text
@@ -102,6 +107,7 @@ def test_stop_matcher_holds_text_that_may_start_a_stop():
     assert m.matched == "</end>"
 
 
+@pytest.mark.model
 def test_cancel_stops_generation_and_engine_stays_usable(engine):
     tokens = engine.tokenize(PROMPT)
     reference = engine.generate(tokens, max_tokens=20, sampling=GREEDY)
@@ -121,6 +127,7 @@ def test_cancel_stops_generation_and_engine_stays_usable(engine):
     assert after.text == reference.text
 
 
+@pytest.mark.model
 def test_abandoned_stream_releases_the_engine(engine):
     tokens = engine.tokenize(PROMPT)
     gen = engine.stream(tokens, max_tokens=50, sampling=GREEDY)
@@ -129,6 +136,7 @@ def test_abandoned_stream_releases_the_engine(engine):
     assert engine.generate(tokens, max_tokens=5, sampling=GREEDY).finish_reason == "length"
 
 
+@pytest.mark.model
 def test_end_of_generation_token_ends_with_stop(engine):
     # A grammar that allows only "OK" leaves the end-of-generation token as the only choice.
     tokens = engine.tokenize("Answer:")
@@ -138,6 +146,7 @@ def test_end_of_generation_token_ends_with_stop(engine):
     assert done.finish_reason == "stop" and done.stop_type == "eos"
 
 
+@pytest.mark.model
 def test_prompt_longer_than_context_names_both_counts(engine):
     tokens = engine.tokenize("word " * 3000)
     with pytest.raises(ContextOverflow) as info:
@@ -146,17 +155,20 @@ def test_prompt_longer_than_context_names_both_counts(engine):
     assert str(len(tokens)) in str(info.value) and str(engine.n_ctx) in str(info.value)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("bad", [0, -2])
 def test_bad_max_tokens(engine, bad):
     with pytest.raises(UsageError):
         engine.generate(engine.tokenize("hi"), max_tokens=bad)
 
 
+@pytest.mark.model
 def test_out_of_vocabulary_token(engine):
     with pytest.raises(UsageError, match="out of the vocabulary"):
         engine.generate([engine.bos_token, engine.n_vocab + 5], max_tokens=2)
 
 
+@pytest.mark.model
 def test_seeded_sampling_repeats(engine):
     tokens = engine.tokenize(PROMPT)
     p = SamplingParams(temperature=1.0, seed=42)
@@ -165,6 +177,7 @@ def test_seeded_sampling_repeats(engine):
     assert a == b
 
 
+@pytest.mark.model
 def test_drop_span_shifts_without_reprocessing(engine):
     engine.clear_cache()
     head = engine.tokenize("Note: ")
@@ -179,6 +192,7 @@ def test_drop_span_shifts_without_reprocessing(engine):
     assert done.timings.cache_n == len(head + tail) - 1
 
 
+@pytest.mark.model
 def test_repeat_penalty_and_logit_bias(engine):
     tokens = engine.tokenize(PROMPT)
     plain = engine.generate(tokens, max_tokens=24, sampling=GREEDY)
@@ -195,6 +209,7 @@ def test_repeat_penalty_and_logit_bias(engine):
     assert biased.tokens[0] != banned
 
 
+@pytest.mark.model
 def test_token_bytes_from_another_thread_during_generation(engine):
     tokens = engine.tokenize(MIXED, add_special=False)
     expected = [engine.token_bytes(t) for t in tokens]
@@ -209,6 +224,7 @@ def test_token_bytes_from_another_thread_during_generation(engine):
     assert seen == [expected]
 
 
+@pytest.mark.model
 def test_n_probs_are_the_log_softmax_of_the_logits(engine):
     import numpy as np
 
@@ -236,3 +252,106 @@ def test_n_probs_are_the_log_softmax_of_the_logits(engine):
     assert first.piece == engine.token_bytes(events[0].token)
     plain = [e for e in engine.stream(prompt, max_tokens=2) if isinstance(e, TokenEvent)]
     assert all(e.probs is None for e in plain)
+
+
+# --- hostile grammars and sampling parameters ---------------------------------------------------
+# Before the sampler was guarded each of these aborted or crashed the whole process (llama.cpp's
+# "Unexpected empty grammar stack", a stack overflow in its grammar parser) or allocated GiBs.
+
+
+@pytest.mark.model
+def test_grammar_no_token_can_satisfy_raises_and_the_engine_goes_on(engine):
+    from localfab.engine.grammar_limits import GrammarDeadEnd
+
+    tokens = engine.tokenize("Hi")
+    for temperature in (0.8, 0.0):
+        sampling = SamplingParams(grammar="root ::= [\\x00]", temperature=temperature)
+        with pytest.raises(GrammarDeadEnd, match="the grammar allows no token here"):
+            engine.generate(tokens, max_tokens=4, sampling=sampling)
+    assert len(engine.generate(tokens, max_tokens=2, sampling=GREEDY).tokens) == 2
+
+
+@pytest.mark.model
+def test_grammar_dead_end_after_a_token_stops_the_stream_with_an_error(engine):
+    from localfab.engine.grammar_limits import GrammarDeadEnd
+
+    sampling = SamplingParams(grammar='root ::= "a" [\\x00]')
+    texts: list[str] = []
+    with pytest.raises(GrammarDeadEnd):
+        for event in engine.stream(engine.tokenize("Hi"), max_tokens=4, sampling=sampling):
+            texts.append(event.text)
+    assert "".join(texts) == "a"
+
+
+@pytest.mark.model
+def test_completed_grammar_ends_the_reply_even_with_ignore_eos(engine):
+    sampling = SamplingParams(grammar='root ::= "ab"', ignore_eos=True)
+    done = engine.generate(engine.tokenize("Hi"), max_tokens=8, sampling=sampling)
+    assert done.text == "ab" and done.finish_reason == "stop" and done.stop_type == "eos"
+
+
+@pytest.mark.model
+def test_logit_bias_against_every_allowed_token_is_an_error(engine):
+    from localfab.engine.grammar_limits import GrammarDeadEnd
+
+    tokens = engine.tokenize("Hi")
+    # Every token whose text starts with "z" (the grammar allows only those first).
+    banned = tuple(
+        (t, float("-inf")) for t in range(engine.n_vocab) if engine.token_bytes(t).startswith(b"z")
+    )
+    sampling = SamplingParams(grammar='root ::= "z" [a-z]*', logit_bias=banned)
+    with pytest.raises(GrammarDeadEnd, match="logit_bias forbids every token"):
+        engine.generate(tokens, max_tokens=2, sampling=sampling)
+
+
+@pytest.mark.model
+def test_grammar_past_the_limits_is_refused_before_llama_cpp(engine):
+    from localfab.engine.grammar_limits import GrammarLimitError
+
+    nested = "root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000
+    with pytest.raises(GrammarLimitError, match="grammar nesting depth 100000"):
+        engine.generate(
+            engine.tokenize("Hi"), max_tokens=2, sampling=SamplingParams(grammar=nested)
+        )
+
+
+@pytest.mark.model
+def test_repeat_last_n_past_the_context_does_not_allocate_it(engine):
+    import psutil
+
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    for last_n in (2**31 - 1, -1):
+        sampling = SamplingParams(repeat_last_n=last_n, repeat_penalty=1.1, temperature=0.0)
+        done = engine.generate(engine.tokenize("Hi"), max_tokens=2, sampling=sampling)
+        assert len(done.tokens) == 2
+    # Unclamped, llama.cpp's penalty ring buffer alone is 8 GiB.
+    assert proc.memory_info().rss - before < 512 * 2**20
+
+
+@pytest.mark.model
+def test_close_waits_for_a_generation_on_another_thread(model_path):
+    """Closing under a running generation (a server worker not yet cancelled) must not free
+    the context it decodes with: close waits for the lock, then frees."""
+    from localfab.engine import Engine, EngineSettings
+
+    eng = Engine(model_path, EngineSettings(n_ctx=512, n_batch=64))
+    first = threading.Event()
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        events = eng.stream(eng.tokenize("Once upon a time"), max_tokens=24,
+                            sampling=SamplingParams(temperature=0, ignore_eos=True))  # fmt: skip
+        n = 0
+        for _event in events:
+            n += 1
+            first.set()
+        result["events"] = n
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert first.wait(120)
+    eng.close(wait=120)  # blocks until the generation above is done
+    thread.join(120)
+    assert result["events"] == 25  # 24 tokens and the Done: it ran to its end, unharmed
+    assert eng._ctx is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from localfab.engine.grammar_limits import GrammarLimitError, check_grammar, check_schema
 from localfab.errors import UsageError
 
 
@@ -23,14 +24,34 @@ def json_gbnf() -> str:
     return str(_module().JSON_GBNF)
 
 
+def builtin_grammars() -> dict[str, str]:
+    """llama.cpp's example grammars (`grammars/*.gbnf`) as llama-cpp-python ships them."""
+    module = _module()
+    return {
+        name.removesuffix("_GBNF").lower(): str(value)
+        for name, value in vars(module).items()
+        if name.endswith("_GBNF") and isinstance(value, str)
+    }
+
+
 def json_schema_to_gbnf(schema: dict[str, Any]) -> str:
-    """GBNF accepting exactly the JSON documents `schema` allows; UsageError if unsupported."""
+    """GBNF accepting exactly the JSON documents `schema` allows; UsageError if unsupported.
+
+    The schema is checked against the limits in `grammar_limits` first (GrammarLimitError), so
+    the converter never builds a grammar that is huge or that llama.cpp could not parse.
+    """
+    check_schema(schema)
     try:
-        return str(_module().json_schema_to_gbnf(json.dumps(schema)))
+        grammar = str(_module().json_schema_to_gbnf(json.dumps(schema)))
     except RecursionError as exc:
         raise UsageError("the JSON schema is nested too deeply") from exc
     except Exception as exc:  # the converter raises bare ValueError/KeyError/TypeError
         raise UsageError(f"the JSON schema cannot be turned into a grammar: {exc}") from exc
+    try:
+        check_grammar(grammar)
+    except GrammarLimitError as exc:
+        raise GrammarLimitError(f"the grammar made from json_schema is too large: {exc}") from None
+    return grammar
 
 
 def __getattr__(name: str) -> Any:

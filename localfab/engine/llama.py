@@ -21,6 +21,7 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
+from localfab.engine.sampling import GuardedSampler
 from localfab.engine.text import StopMatcher, Utf8Stream
 from localfab.engine.types import (
     BufferSizes,
@@ -32,6 +33,7 @@ from localfab.engine.types import (
     TokenProbs,
 )
 from localfab.errors import ContextOverflow, LocalfabError, ModelError, UsageError
+from localfab.modelfile import check_gguf_file
 
 log = logging.getLogger("localfab.engine")
 
@@ -51,7 +53,6 @@ _FLASH_ATTN = {
     "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-_DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
 
 # --- llama.cpp's log ---------------------------------------------------------------------------
@@ -189,24 +190,6 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-def check_gguf_file(path: Path) -> None:
-    """Fail early, with a clear message, on files llama.cpp would reject with a log dump."""
-    if not path.exists():
-        raise ModelError(f"{path}: no such file; check the path or run `localfab list`")
-    if path.is_dir():
-        raise ModelError(f"{path} is a directory; give the path of a .gguf file inside it")
-    try:
-        with path.open("rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise ModelError(f"{path}: cannot read it ({exc.strerror})") from exc
-    if magic != b"GGUF":
-        raise ModelError(
-            f"{path} is not a GGUF file (it starts with {magic!r}); "
-            "localfab runs GGUF models such as *.Q4_K_M.gguf"
-        )
-
-
 _BUFFER_RE = re.compile(
     r"(?P<dev>[\w\-]+?)(?:_Mapped|_REPACK)?\s+(?P<kind>model|KV|compute|RS)\s+buffer size\s*=\s*"
     r"(?P<mib>[\d.]+)\s*MiB"
@@ -257,8 +240,13 @@ class Engine:
             raise UsageError(f"flash attention must be auto, on or off, not {s.flash_attn!r}")
         if s.n_ctx < 16:
             raise UsageError(f"context size {s.n_ctx} is too small; use at least 16 tokens")
-        self.n_threads = s.n_threads or physical_cores()
-        self.n_threads_batch = s.n_threads_batch or self.n_threads
+        # llama.cpp crashes on thread counts below 1 or above ggml's limit: one shared rule.
+        from localfab.config import check_threads
+
+        self.n_threads = check_threads(s.n_threads, source="n_threads") or physical_cores()
+        self.n_threads_batch = (
+            check_threads(s.n_threads_batch, source="n_threads_batch") or self.n_threads
+        )
 
         mark = _log_mark()
         mparams = lc.llama_model_default_params()
@@ -340,8 +328,26 @@ class Engine:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Free the context and model; the engine cannot be used afterwards."""
+    def close(self, *, wait: float = 60.0) -> None:
+        """Free the context and model; the engine cannot be used afterwards.
+
+        A generation still running on another thread (a server worker whose client has not been
+        cancelled yet) holds the engine's lock: freeing under it would crash the process, so
+        close waits up to `wait` seconds for it and otherwise leaves the memory to the OS.
+        """
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before the lock existed
+            self._free()
+            return
+        if not lock.acquire(timeout=max(wait, 0.0)):
+            log.warning("engine still generating after %.0f s; not freeing it", wait)
+            return
+        try:
+            self._free()
+        finally:
+            lock.release()
+
+    def _free(self) -> None:
         if getattr(self, "_batch", None) is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
@@ -366,8 +372,13 @@ class Engine:
         self.close()
 
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        lock = getattr(self, "_lock", None)
+        if lock is not None and not lock.acquire(blocking=False):
+            return  # a thread is still generating: never free under it
         with contextlib.suppress(Exception):
-            self.close()
+            self._free()
+        if lock is not None:
+            lock.release()
 
     # --- model facts -------------------------------------------------------------------------
 
@@ -668,48 +679,14 @@ class Engine:
 
     # --- generation --------------------------------------------------------------------------
 
-    def _sampler(self, p: SamplingParams) -> ctypes.c_void_p:
-        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        add = lc.llama_sampler_chain_add
-        if p.grammar:
-            grammar = lc.llama_sampler_init_grammar(self._vocab, p.grammar.encode(), b"root")
-            if not grammar:
-                lc.llama_sampler_free(chain)
-                raise UsageError("the grammar could not be parsed")
-            add(chain, grammar)
+    def _sampler(self, p: SamplingParams) -> GuardedSampler:
+        """The samplers for one generation (see `sampling`: a grammar can never abort)."""
         bias = dict(p.logit_bias)
         if p.ignore_eos:
             bias.update({t: float("-inf") for t in self._eog_tokens()})
         if bias:
             self.check_tokens(list(bias))
-            biases = (lc.llama_logit_bias * len(bias))(
-                *(lc.llama_logit_bias(token=t, bias=b) for t, b in bias.items())
-            )
-            add(chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(bias), biases))
-        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
-            add(
-                chain,
-                lc.llama_sampler_init_penalties(
-                    self.n_vocab,
-                    p.repeat_last_n,
-                    p.repeat_penalty,
-                    p.frequency_penalty,
-                    p.presence_penalty,
-                ),
-            )
-        if p.temperature <= 0:
-            add(chain, lc.llama_sampler_init_greedy())
-            return chain
-        if p.top_k > 0:
-            add(chain, lc.llama_sampler_init_top_k(p.top_k))
-        if p.top_p < 1.0:
-            add(chain, lc.llama_sampler_init_top_p(p.top_p, 1))
-        if p.min_p > 0.0:
-            add(chain, lc.llama_sampler_init_min_p(p.min_p, 1))
-        add(chain, lc.llama_sampler_init_temp(p.temperature))
-        seed = _DEFAULT_SEED if p.seed is None or p.seed < 0 else p.seed & 0xFFFFFFFF
-        add(chain, lc.llama_sampler_init_dist(seed))
-        return chain
+        return GuardedSampler(self._vocab, self.n_vocab, self.n_ctx, p, bias, self._ctx)
 
     def _eog_tokens(self) -> list[int]:
         if self._eog is None:
@@ -791,7 +768,6 @@ class Engine:
             finish, stop_type = "length", "limit"
             t_first = 0.0
             vocab = self._vocab
-            ctx = self._ctx
             eog = np.array(self._eog_tokens()) if fast_greedy and sampling.ignore_eos else None
             while True:
                 ranked = self._rank(n_probs) if n_probs > 0 else None
@@ -803,12 +779,15 @@ class Engine:
                         masked[eog] = -np.inf
                         tok = int(masked.argmax())
                 else:
-                    tok = lc.llama_sampler_sample(sampler, ctx, -1)
+                    assert sampler is not None
+                    tok = sampler.sample(self._logits())
                 if not generated:
                     t_first = time.perf_counter()
                 if lc.llama_vocab_is_eog(vocab, tok):
                     finish, stop_type = "stop", "eos"
                     break
+                if sampler is not None:
+                    sampler.accept(tok)
                 generated.append(tok)
                 piece = self.token_bytes(tok)
                 text = stops.feed(utf8.feed(piece))
@@ -867,7 +846,7 @@ class Engine:
             )
         finally:
             if sampler is not None:
-                lc.llama_sampler_free(sampler)
+                sampler.close()
             self._lock.release()
 
     def generate(self, prompt: Sequence[int], **options: object) -> Done:

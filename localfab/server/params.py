@@ -15,6 +15,7 @@ from typing import Any
 from localfab.engine.types import SamplingParams
 from localfab.server.errors import ApiError
 from localfab.server.settings import ServerSettings
+from localfab.units import SAMPLING
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -170,6 +171,7 @@ def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
 def _grammar(body: Mapping[str, Any]) -> str | None:
     """`json_schema` (converted to GBNF) or a GBNF `grammar`, as llama-server reads them."""
     from localfab.engine.grammar import json_schema_to_gbnf
+    from localfab.engine.grammar_limits import GrammarLimitError, check_grammar
 
     schema = body.get("json_schema")
     if schema is not None and body.get("grammar") is None:
@@ -179,6 +181,8 @@ def _grammar(body: Mapping[str, Any]) -> str | None:
             schema = {"type": "object"}
         try:
             return json_schema_to_gbnf(schema)
+        except GrammarLimitError as exc:
+            raise ApiError(f"Field 'json_schema': {exc}") from exc
         except Exception as exc:
             raise ApiError(f"Field 'json_schema': \"json_schema\": {exc}") from exc
     grammar = body.get("grammar")
@@ -186,6 +190,10 @@ def _grammar(body: Mapping[str, Any]) -> str | None:
         return None
     if not isinstance(grammar, str):
         raise _type_error("grammar", "string", grammar)
+    try:
+        check_grammar(grammar)
+    except GrammarLimitError as exc:
+        raise ApiError(f"Field 'grammar': {exc}") from exc
     return grammar or None
 
 
@@ -206,11 +214,18 @@ def parse_generation(body: Mapping[str, Any], settings: ServerSettings) -> Gener
     seed = number(body, "seed", default=settings.seed, integer=True)
     sampling = SamplingParams(
         temperature=number(body, "temperature", default=settings.temperature, soft=(0, math.inf)),
-        top_k=number(body, "top_k", default=40, integer=True, soft=(0, INT32_MAX)),
-        top_p=number(body, "top_p", default=0.95, soft=(0.0, 1.0)),
-        min_p=number(body, "min_p", default=0.05, soft=(0.0, 1.0)),
-        repeat_penalty=number(body, "repeat_penalty", default=1.0),
-        repeat_last_n=number(body, "repeat_last_n", default=64, integer=True, hard=(0, INT32_MAX)),
+        top_k=number(body, "top_k", default=settings.top_k, integer=True, soft=(0, INT32_MAX)),
+        top_p=number(body, "top_p", default=settings.top_p, soft=(0.0, 1.0)),
+        min_p=number(body, "min_p", default=settings.min_p, soft=(0.0, 1.0)),
+        repeat_penalty=number(body, "repeat_penalty", default=settings.repeat_penalty),
+        # -1: the whole context, as llama-server; the engine clamps larger values to n_ctx.
+        repeat_last_n=number(
+            body,
+            "repeat_last_n",
+            default=SAMPLING.repeat_last_n,
+            integer=True,
+            hard=(-1, INT32_MAX),
+        ),
         frequency_penalty=number(body, "frequency_penalty", default=0.0),
         presence_penalty=number(body, "presence_penalty", default=0.0),
         seed=-1 if seed == -1 else seed & 0xFFFFFFFF,
