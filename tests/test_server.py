@@ -17,6 +17,8 @@ import pytest
 from localfab.server import ServerSettings, create_app
 from localfab.server.runner import BackgroundServer
 
+pytestmark = pytest.mark.model
+
 KEY = "sk-test-key"
 
 
@@ -273,12 +275,21 @@ def test_props_slots_metrics(http: httpx.Client):
 
 def test_health_models_and_cors(http: httpx.Client):
     assert http.get("/v1/health").json() == {"status": "ok"}
-    r = http.get("/models", headers={"Origin": "http://example.com"})
-    assert r.headers["access-control-allow-origin"] == "http://example.com"
-    opt = http.options("/v1/chat/completions", headers={"Origin": "http://a.b"})
+    r = http.get("/models", headers={"Origin": "http://localhost:3000"})
+    assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+    opt = http.options("/v1/chat/completions", headers={"Origin": "http://127.0.0.1:5173"})
     assert opt.status_code == 200 and opt.text == ""
+    assert opt.headers["access-control-allow-credentials"] == "true"
     assert opt.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
     assert opt.headers["access-control-allow-headers"] == "*"
+    # Another site's page may not read /slots (it holds the last prompt), nor preflight.
+    r = http.get("/slots", headers={"Origin": "http://example.com"})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+    opt = http.options("/v1/chat/completions", headers={"Origin": "http://a.b"})
+    assert opt.status_code == 403 and "access-control-allow-credentials" not in opt.headers
+    # DNS rebinding: a loopback server answers only loopback Host names.
+    r = http.get("/slots", headers={"Host": "rebound.example.com"})
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -358,11 +369,28 @@ def test_concurrent_requests_all_answered(url: str):
     assert alone["content"] == results[4]["content"]
 
 
+def wait_slot_idle(http: httpx.Client, id_task: int, timeout: float = 300) -> dict:
+    """/slots' slot 0 once the job `id_task` is no longer processing (a deadline, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        slot = http.get("/slots").json()[0]
+        assert slot["id_task"] == id_task, slot  # nothing else runs during the test
+        if not slot["is_processing"]:
+            return slot
+        time.sleep(0.05)
+    raise AssertionError(f"job {id_task} still generating after {timeout} s")
+
+
 def test_disconnect_stops_generation(url: str, http: httpx.Client):
+    n_predict = 1500
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"prompt": "Tell a long story:", "n_predict": 1500, "stream": True})
+    # ignore_eos: left alone, the reply would run to exactly n_predict tokens.
+    body = json.dumps(
+        {"prompt": "Tell a long story:", "n_predict": n_predict, "stream": True,
+         "ignore_eos": True}
+    )  # fmt: skip
     raw = (
-        f"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n{body}"
     ).encode()
     with socket.create_connection((host, int(port))) as sock:
@@ -372,12 +400,14 @@ def test_disconnect_stops_generation(url: str, http: httpx.Client):
             chunk = sock.recv(4096)
             assert chunk, "the stream closed before its first event"
             received += chunk
-    before = http.get("/slots").json()[0]
-    t0 = time.monotonic()
+        running = http.get("/slots").json()[0]
+        assert running["is_processing"], running
+    stopped = wait_slot_idle(http, running["id_task"])
+    n_decoded = stopped["next_token"][0]["n_decoded"]
+    assert 1 <= n_decoded < n_predict // 2  # the story was abandoned, not finished
+    assert stopped["next_token"][0]["n_remain"] > 0
     r = http.post("/completion", json={"prompt": "Hi", "n_predict": 1, "temperature": 0})
-    assert r.status_code == 200
-    assert time.monotonic() - t0 < 10  # the 1500-token story was abandoned, not finished
-    assert before["next_token"][0]["n_decoded"] < 1500
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 1
 
 
 def test_slow_client_times_out(loaded: object):
@@ -388,7 +418,7 @@ def test_slow_client_times_out(loaded: object):
         host, port = server.host, server.port
         with socket.create_connection((host, port)) as sock:
             sock.sendall(
-                b'POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'
+                b'POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"pro'
             )
             sock.settimeout(10)
             data = sock.recv(4096)
@@ -414,6 +444,9 @@ def test_api_key_rules(loaded: object):
             "authentication_error")  # fmt: skip
         assert httpx.get(base + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).is_success
         assert httpx.get(base + "/v1/models", headers={"X-Api-Key": KEY}).is_success
+        # A key does not open the server to other origins' pages.
+        r = httpx.get(base + "/v1/models", headers={"X-Api-Key": KEY, "Origin": "http://e.com"})
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
         client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
         assert client.models.list().data
         with pytest.raises(openai.AuthenticationError):
@@ -442,6 +475,7 @@ def test_health_503_while_loading(loaded: object):
         server.stop()
 
 
+@pytest.mark.slow  # hundreds of tokens past a full window
 def test_context_shift_keeps_generating(loaded: object):
     """With --context-shift a reply that fills the window goes on; without, it stops there."""
     prompt = "word " * 1990
@@ -567,6 +601,7 @@ def test_openai_logprobs(oai: openai.OpenAI):
     _check_entries(legacy.choices[0].logprobs.model_extra["content"], 2)
 
 
+@pytest.mark.slow  # hundreds of tokens past a full window
 def test_long_chat_leaves_out_whole_old_turns(loaded, http: httpx.Client):
     """A chat longer than the window keeps the system prompt and the last turns, and says so."""
     engine = loaded.engine  # type: ignore[attr-defined]
@@ -611,6 +646,7 @@ def test_long_chat_leaves_out_whole_old_turns(loaded, http: httpx.Client):
     assert "context_shift" not in short
 
 
+@pytest.mark.slow  # hundreds of tokens past a full window
 def test_chat_reply_that_fills_the_window_goes_on(loaded, http: httpx.Client):
     engine = loaded.engine  # type: ignore[attr-defined]
     filler = "The keeper trimmed the wick and wound the clockwork of the lamp. " * 4

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from localfab.errors import ModelError, UsageError
+from localfab.units import KV_CACHE_TYPES
 
-KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"])
+if TYPE_CHECKING:
+    from localfab.config import Config
+
+KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 FA_CHOICES = click.Choice(["auto", "on", "off"])
 
 log = logging.getLogger("localfab.server")
@@ -51,16 +56,59 @@ def is_loopback(host: str) -> bool:
 @click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: cores).")
 @click.option("-b", "--batch-size", type=int, default=None)
 @click.option("-ub", "--ubatch-size", type=int, default=None)
-@click.option("--api-key", "api_keys", multiple=True, help="Require this key (repeatable).")
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    help="Require this key (repeatable; default: $LLAMA_API_KEY). The variable and "
+    "--api-key-file keep the key out of `ps`.",
+)
+@click.option(
+    "--api-key-file",
+    "api_key_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Require the keys in this file: one a line, blank lines ignored.",
+)
 @click.option("--alias", default=None, help="Model name shown to clients.")
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--slots/--no-slots", default=True, help="Enable /slots.")
 @click.option("--context-shift/--no-context-shift", default=False)
 @click.option("-n", "--n-predict", "--predict", type=int, default=-1, help="Max tokens per reply.")
 @click.option("--seed", type=int, default=-1, help="Default sampling seed (-1: random).")
-@click.option("--temp", type=float, default=0.8, help="Default sampling temperature.")
+@click.option(
+    "--temp", type=float, default=None, help="Default temperature (else config.toml's: 0.8)."
+)
+@click.option("--top-k", type=int, default=None, help="Default top-k (else config.toml's: 40).")
+@click.option("--top-p", type=float, default=None, help="Default top-p (else config.toml's: 0.95).")
+@click.option("--min-p", type=float, default=None, help="Default min-p (else config.toml's: 0.05).")
+@click.option(
+    "--repeat-penalty",
+    type=float,
+    default=None,
+    help="Default repetition penalty (else config.toml's: 1.0).",
+)
 @click.option("-np", "--parallel", type=int, default=1, help="Slots (extra requests queue).")
 @click.option("-to", "--timeout", type=float, default=600.0, help="Request read timeout, s.")
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    help="Seconds a client has to send a complete request head before it is disconnected.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=256,
+    help="Open connections at most (also bounded by the open-file limit); more get 503.",
+)
+@click.option(
+    "--allowed-origins",
+    "allowed_origins",
+    multiple=True,
+    help="Browser origins, besides localhost ones, that may use the server: comma-separated, "
+    "* as wildcard (https://*.example.com), * alone for any. Default: LOCALFAB_ORIGINS.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Log llama.cpp and request details.")
 def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
     """Serve MODEL over HTTP with llama-server's API (OpenAI-compatible and native endpoints).
@@ -82,13 +130,16 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
     for key in options["api_keys"]:
         if not key:
             raise UsageError("--api-key must not be empty")
+    options["api_keys"] = api_keys(options["api_keys"], options["api_key_file"])
+    options["allowed_origins"] = allowed_origins(options["allowed_origins"])
 
-    from localfab.config import default_paths
+    from localfab.config import Config, default_paths
+    from localfab.modelfile import check_model_file
     from localfab.runtime import resolve_model
 
+    config = Config.load(default_paths())
     path = resolve_model(name, default_paths())
-    if not path.is_file():
-        raise ModelError(f"{path}: no such file; check the path or run `localfab list`")
+    check_model_file(path)
     host = options["host"]
     if not options["api_keys"] and not is_loopback(host):
         click.echo(
@@ -96,18 +147,57 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
             "this machine can use the model; add --api-key KEY",
             err=True,
         )
-    settings_engine = _engine_settings(path, options)
-    _serve(name, path, settings_engine, options)
+    settings_engine = _engine_settings(path, options, config)
+    _serve(name, path, settings_engine, options, config)
 
 
-def _engine_settings(path: Path, options: dict[str, Any]) -> Any:
+def api_keys(given: tuple[str, ...], key_file: str | None) -> tuple[str, ...]:
+    """The keys to require: --api-key (else LLAMA_API_KEY), plus those in --api-key-file."""
+    from localfab.server.edge import API_KEY_ENV, read_key_file
+
+    keys = list(given)
+    if not keys and os.environ.get(API_KEY_ENV, "").strip():
+        keys.append(os.environ[API_KEY_ENV].strip())
+    if key_file is not None:
+        keys += read_key_file(key_file)
+    return tuple(dict.fromkeys(keys))
+
+
+def allowed_origins(given: tuple[str, ...]) -> tuple[str, ...]:
+    """Origin patterns from --allowed-origins, else from LOCALFAB_ORIGINS."""
+    from localfab.server.edge import ORIGINS_ENV, split_origins
+
+    if not given and os.environ.get(ORIGINS_ENV):
+        given = (os.environ[ORIGINS_ENV],)
+    return split_origins(given)
+
+
+# Sampling flags and the config.toml / LOCALFAB_* setting each one defaults to.
+SAMPLING_FLAGS = {
+    "temp": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repeat_penalty": "repeat_penalty",
+}
+
+
+def sampling_defaults(options: dict[str, Any], config: Config) -> dict[str, Any]:
+    """The server's default sampling, as llama-server ranks it: an explicit flag, else
+    config.toml / LOCALFAB_* (whose own defaults are the built-in ones)."""
+    return {
+        setting: getattr(config, setting) if options.get(flag) is None else options[flag]
+        for flag, setting in SAMPLING_FLAGS.items()
+    }
+
+
+def _engine_settings(path: Path, options: dict[str, Any], config: Config) -> Any:
     """EngineSettings from the planner, with the user's flags as wishes."""
-    from localfab.config import Config, default_paths
     from localfab.engine import EngineSettings
     from localfab.runtime import plan_for, wishes_from_options
 
     wishes = wishes_from_options(
-        Config.load(default_paths()),
+        config,
         **{
             key: options[key]
             for key in (
@@ -129,10 +219,12 @@ def _engine_settings(path: Path, options: dict[str, Any]) -> Any:
     return EngineSettings(**result.settings_kwargs())
 
 
-def _serve(name: str, path: Path, engine_settings: Any, options: dict[str, Any]) -> None:
+def _serve(
+    name: str, path: Path, engine_settings: Any, options: dict[str, Any], config: Config
+) -> None:
     from localfab.runtime import load_model
     from localfab.server import ServerSettings, create_app
-    from localfab.server.runner import make_foreground_server
+    from localfab.server.runner import connection_cap, make_foreground_server
 
     settings = ServerSettings(
         model_name=name,
@@ -142,10 +234,14 @@ def _serve(name: str, path: Path, engine_settings: Any, options: dict[str, Any])
         slots=options["slots"],
         n_parallel=options["parallel"],
         n_predict=options["n_predict"],
-        temperature=options["temp"],
         seed=options["seed"],
         context_shift=options["context_shift"],
         read_timeout=options["timeout"],
+        header_timeout=options["header_timeout"],
+        max_connections=options["max_connections"],
+        check_host=is_loopback(options["host"]),
+        allowed_origins=options["allowed_origins"],
+        **sampling_defaults(options, config),
     )
 
     def loader() -> Any:
@@ -158,6 +254,13 @@ def _serve(name: str, path: Path, engine_settings: Any, options: dict[str, Any])
         )
         return loaded
 
+    max_connections = connection_cap(settings.max_connections)
+    if max_connections < settings.max_connections:
+        click.echo(
+            f"localfab: warning: taking at most {max_connections} connections, not "
+            f"{settings.max_connections}: the open-file limit is low; raise it with ulimit -n",
+            err=True,
+        )
     app = create_app(loader, settings)
     server = make_foreground_server(
         app,
@@ -165,6 +268,8 @@ def _serve(name: str, path: Path, engine_settings: Any, options: dict[str, Any])
         port=options["port"],
         verbose=options["verbose"],
         on_exit=app.state.worker.cancel_all,
+        header_timeout=settings.header_timeout,
+        max_connections=max_connections,
     )
     click.echo(
         f"localfab: serving {name} on http://{options['host']}:{options['port']} "

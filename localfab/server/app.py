@@ -3,12 +3,17 @@
 Endpoints, request fields, response fields, status codes, error bodies and SSE framing follow
 llama.cpp's tools/server (server.cpp, server-context.cpp, server-http.cpp) of the same version as
 the installed llama-cpp-python. One engine thread serves a FIFO queue (see `worker`); the handlers
-here validate and tokenize on the event loop side, then await what the engine emits.
+prepare each request (parse, validate, render the chat template, tokenize, fit the window) in a
+worker thread, so the event loop only moves bytes, then await what the engine emits.
 
 Deliberate differences, all on bad input (llama-server answers these with 500 or 200):
 malformed JSON and non-object bodies are 400 `invalid_request_error`; bodies over
 `max_body_bytes` are 413; bodies slower than `read_timeout` are 408; empty `messages`, unknown
-roles and several prompts in one request are 400.
+roles and several prompts in one request are 400; a string holding a lone surrogate is 400;
+grammars and JSON schemas beyond the documented size, nesting and expansion limits are 400.
+And on exposure: on a loopback bind, a Host header that is not a loopback name is 403 (DNS
+rebinding), and an Origin that is not loopback or allowed with `--allowed-origins` is 403 with
+no CORS headers (llama-server echoes any Origin with credentials allowed).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from localfab.engine.types import Done, TokenEvent, TokenProbs
 from localfab.errors import LocalfabError, UsageError
 from localfab.server import shapes
 from localfab.server.chat_window import ChatWindow
+from localfab.server.edge import OriginRule, host_allowed, lone_surrogate
 from localfab.server.errors import ApiError, dumps
 from localfab.server.params import Generation, generation_settings, parse_generation
 from localfab.server.settings import ServerSettings
@@ -53,6 +59,7 @@ JSON_TYPE = "application/json; charset=utf-8"
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 # Prompts this long are tokenized in a thread so the event loop keeps answering.
 _TOKENIZE_INLINE_MAX = 32 * 1024
+_PARSE_INLINE_MAX = 64 * 1024  # bytes of request body parsed on the event loop itself
 
 
 def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None):
@@ -124,29 +131,61 @@ def _model_info(model: LoadedModel, settings: ServerSettings) -> ModelInfo:
     )
 
 
-# --- the gate: CORS, OPTIONS, loading state, API key --------------------------------------
+# --- the gate: Host, CORS, OPTIONS, loading state, API key -------------------------------
 
 
 class Gate:
-    """Pure ASGI middleware doing what llama-server's pre-routing handler does, in its order."""
+    """Pure ASGI middleware doing what llama-server's pre-routing handler does, in its order,
+    after two checks of its own: the Host name on a loopback bind, and the browser origin.
+
+    llama-server echoes any Origin; here only loopback origins, the server's own origin and
+    those named in `settings.allowed_origins` get CORS headers, and a request from any other
+    origin is refused with 403, so a web page cannot read answers or start generations.
+    """
 
     def __init__(self, app: ASGIApp, server: Server) -> None:
         self.app = app
         self.server = server
+        self.origins = OriginRule(server.settings.allowed_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        host = headers.get("host")
+        if self.server.settings.check_host and not host_allowed(host):
+            log.warning("refused a request for host %r", host)
+            err = ApiError(
+                f"Host {host!r} is not a loopback name: this server listens on a loopback "
+                "address and answers only requests for localhost, 127.0.0.1 or [::1] "
+                "(a guard against DNS rebinding); use one of those in the URL, or listen on "
+                "another address with --host (and set --api-key)",
+                "permission_error",
+            )
+            await _send_simple(send, err.code, err.body(), JSON_TYPE, [])
+            return
         origin = headers.get("origin")
         cors: list[tuple[bytes, bytes]] = []
         if origin is not None:
-            # --cors-credentials with origin "*": llama-server echoes the request's Origin.
-            cors.append((b"access-control-allow-origin", origin.encode("latin-1")))
-        if scope["method"] == "OPTIONS":
+            if not self.origins.allows(origin, host):
+                log.warning("refused a request from origin %r", origin)
+                err = ApiError(
+                    f"origin {origin!r} may not use this server: start it with "
+                    f"--allowed-origins {origin} (or set LOCALFAB_ORIGINS), or '*' for any "
+                    "origin",
+                    "permission_error",
+                )
+                await _send_simple(send, err.code, err.body(), JSON_TYPE, [(b"vary", b"Origin")])
+                return
             cors += [
-                (b"access-control-allow-credentials", b"true"),
+                (b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"vary", b"Origin"),
+            ]
+        if scope["method"] == "OPTIONS":
+            if origin is not None:
+                cors.append((b"access-control-allow-credentials", b"true"))
+            cors += [
                 (b"access-control-allow-methods", CORS_METHODS.encode()),
                 (b"access-control-allow-headers", b"*"),
             ]
@@ -265,7 +304,8 @@ class Server:
         self.worker = worker
         self.settings = settings
         self.info: ModelInfo | None = None
-        self._keys = [k.encode() for k in settings.api_keys]
+        # Undecodable bytes from argv or the environment come back as they were given.
+        self._keys = [k.encode("utf-8", "surrogateescape") for k in settings.api_keys]
 
     @property
     def model(self) -> LoadedModel:
@@ -278,7 +318,7 @@ class Server:
             given = headers.get("x-api-key", "")
         if given.startswith("Bearer "):
             given = given[len("Bearer ") :]
-        raw = given.encode("utf-8", errors="replace")
+        raw = given.encode("latin-1")  # the header's bytes as sent (Headers decoded latin-1)
         ok = False
         for key in self._keys:  # compare against every key: time does not reveal which matched
             ok |= hmac.compare_digest(raw, key)
@@ -309,10 +349,10 @@ class Server:
         except TimeoutError as exc:
             raise ApiError("timed out reading the request body", code=408) from exc
         raw = b"".join(chunks)
-        try:
-            data = json.loads(raw, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:
-            raise ApiError(f"invalid JSON in the request body: {exc}") from exc
+        if len(raw) <= _PARSE_INLINE_MAX:
+            data = _parse_body(raw)
+        else:  # a large body takes milliseconds to parse and scan: not on the event loop
+            data = await asyncio.to_thread(_parse_body, raw)
         if not isinstance(data, dict):
             raise ApiError(f"the request body must be a JSON object, not {_jtype(data)}")
         return data
@@ -336,22 +376,36 @@ class Server:
                 len(prompt) > 1 and all(isinstance(p, str) for p in prompt)
             ):
                 raise ApiError("several prompts in one request are not supported; send one")
-            tokens: list[int] = []
-            for i, part in enumerate(prompt):
-                if isinstance(part, str):
-                    tokens += await self.tokenize(part, add_special=i == 0, parse_special=True)
-                elif isinstance(part, int) and not isinstance(part, bool):
-                    tokens.append(part)
-                else:
-                    raise ApiError(_PROMPT_TYPES)
-            return tokens
+            engine = self.model.engine
+
+            def mixed(parts: list[Any]) -> list[int]:
+                tokens: list[int] = []
+                for i, part in enumerate(parts):
+                    if isinstance(part, str):
+                        tokens += engine.tokenize(part, add_special=i == 0, parse_special=True)
+                    elif isinstance(part, int) and not isinstance(part, bool):
+                        tokens.append(part)
+                    else:
+                        raise ApiError(_PROMPT_TYPES)
+                return tokens
+
+            # Many short strings add up: tokenized together in a thread, off the event loop.
+            return await asyncio.to_thread(mixed, prompt)
         raise ApiError(_PROMPT_TYPES)
 
     def chat_messages(
         self, body: Mapping[str, Any]
-    ) -> tuple[list[dict[str, Any]], Callable[[Sequence[Mapping[str, Any]]], str]]:
+    ) -> tuple[
+        list[dict[str, Any]],
+        Callable[[Sequence[Mapping[str, Any]]], str],
+        Callable[[Sequence[Mapping[str, Any]]], list[int]],
+    ]:
         """The request's validated `messages`, and how to render (part of) them with the chat
-        template; a final assistant message is continued."""
+        template, as text and as prompt tokens; a final assistant message is continued.
+
+        The prompt tokens hold the template's control tokens, and each message's content as
+        plain text: a message cannot forge a turn by spelling out `<|im_start|>system`. CPU
+        work: call from a thread, not the event loop."""
         if "messages" not in body:
             raise ApiError("'messages' is required")
         if not isinstance(body["messages"], list):
@@ -368,14 +422,24 @@ class Server:
             raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
 
         def render(window: Sequence[Mapping[str, Any]]) -> str:
+            final = window[-1]["role"] == "assistant"
             try:
-                if window[-1]["role"] == "assistant":
-                    return prompts.text(window, continue_final=True)
-                return prompts.template.render(window, add_generation_prompt=add_generation_prompt)
+                return prompts.text(
+                    window, continue_final=final, add_generation_prompt=add_generation_prompt
+                )
             except UsageError as exc:
                 raise ApiError(str(exc)) from exc
 
-        return messages, render
+        def prompt(window: Sequence[Mapping[str, Any]]) -> list[int]:
+            final = window[-1]["role"] == "assistant"
+            try:
+                return prompts.tokens(
+                    window, continue_final=final, add_generation_prompt=add_generation_prompt
+                )
+            except UsageError as exc:
+                raise ApiError(str(exc)) from exc
+
+        return messages, render, prompt
 
     def check_prompt(self, tokens: list[int]) -> None:
         engine = self.model.engine
@@ -545,7 +609,8 @@ class Server:
 
     async def completion(self, request: Request) -> Response:
         body = await self.read_json(request)
-        gen = parse_generation(body, self.settings)
+        # Off the event loop: a JSON schema becomes a grammar here.
+        gen = await asyncio.to_thread(parse_generation, body, self.settings)
         if "prompt" not in body:
             raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
         tokens = await self.prompt_tokens(body["prompt"])
@@ -553,7 +618,7 @@ class Server:
 
     async def completions_oai(self, request: Request) -> Response:
         body = await self.read_json(request)
-        gen = parse_generation(body, self.settings)
+        gen = await asyncio.to_thread(parse_generation, body, self.settings)
         if "prompt" not in body:
             raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
         tokens = await self.prompt_tokens(body["prompt"])
@@ -561,13 +626,21 @@ class Server:
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self.read_json(request)
-        body = _chat_to_completion_fields(body)
-        gen = parse_generation(body, self.settings)
-        messages, render = self.chat_messages(body)
-        window = ChatWindow(messages, render, self.model.prompts.encode, self.model.engine.n_ctx)
         n_ctx = self.model.engine.n_ctx
-        reserve = n_ctx // REPLY_RESERVE_FRACTION
-        window.fit(n_ctx - (min(reserve, gen.n_predict) if gen.n_predict > 0 else reserve))
+
+        def prepare() -> tuple[Generation, ChatWindow]:
+            # Templates, tokenizing and fitting are CPU work that grows with the conversation:
+            # done in a thread, so the event loop keeps answering (/health, other streams).
+            # Tokenizing only reads the vocabulary, which the engine thread never changes.
+            fields = _chat_to_completion_fields(body)
+            gen = parse_generation(fields, self.settings)
+            messages, _, prompt = self.chat_messages(fields)
+            window = ChatWindow(messages, prompt, n_ctx)
+            reserve = n_ctx // REPLY_RESERVE_FRACTION
+            window.fit(n_ctx - (min(reserve, gen.n_predict) if gen.n_predict > 0 else reserve))
+            return gen, window
+
+        gen, window = await asyncio.to_thread(prepare)
         if window.left_out["turns"]:
             log.info(
                 "context full: %d oldest turn(s) (%d tokens) left the window",
@@ -578,9 +651,12 @@ class Server:
 
     async def apply_template(self, request: Request) -> Response:
         body = await self.read_json(request)
-        messages, render = self.chat_messages(body)
-        text = render(messages)
-        return json_response({"prompt": text})
+
+        def apply() -> str:
+            messages, render, _ = self.chat_messages(body)
+            return render(messages)
+
+        return json_response({"prompt": await asyncio.to_thread(apply)})
 
     async def tokenize_endpoint(self, request: Request) -> Response:
         body = await self.read_json(request)
@@ -858,6 +934,22 @@ def _jtype(value: Any) -> str:
     from localfab.server.params import json_type
 
     return json_type(value)
+
+
+def _parse_body(raw: bytes) -> Any:
+    """The request body as JSON; ApiError for invalid JSON or a lone surrogate in a string."""
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(f"invalid JSON in the request body: {exc}") from exc
+    bad = lone_surrogate(data)
+    if bad is not None:
+        where, char = bad
+        raise ApiError(
+            f"invalid JSON in the request body: {where} holds a lone surrogate ({char}), "
+            "which is not Unicode text; send valid UTF-8 (surrogates only in pairs)"
+        )
+    return data
 
 
 def _reject_constant(name: str) -> Any:

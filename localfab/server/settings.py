@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from localfab import __version__
+from localfab.engine.types import SamplingParams
 
 MiB = 1024 * 1024
+# The engine's sampling defaults (llama-server's): one definition, not a copy per layer.
+_SAMPLING = SamplingParams()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,11 +23,20 @@ class ServerSettings:
     slots: bool = True  # --no-slots turns /slots off
     n_parallel: int = 1  # -np: accepted; requests are decoded one at a time, the rest queue
     n_predict: int = -1  # -n: default and upper bound of tokens per request (-1: none)
-    temperature: float = 0.8  # --temp: default sampling temperature
+    # Default sampling for requests that do not set it: --temp etc., else config.toml/LOCALFAB_*.
+    temperature: float = _SAMPLING.temperature  # --temp
+    top_k: int = _SAMPLING.top_k  # --top-k: 0 disables
+    top_p: float = _SAMPLING.top_p  # --top-p: 1.0 disables
+    min_p: float = _SAMPLING.min_p  # --min-p: 0.0 disables
+    repeat_penalty: float = _SAMPLING.repeat_penalty  # --repeat-penalty: 1.0 disables
     seed: int = -1  # --seed: default sampling seed (-1: random)
     context_shift: bool = False  # --context-shift: drop old tokens instead of stopping when full
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408
+    header_timeout: float = 10.0  # --header-timeout: seconds to receive a request head
+    max_connections: int = 256  # --max-connections: more open connections get 503
+    check_host: bool = True  # a loopback bind answers only loopback Host names
+    allowed_origins: tuple[str, ...] = ()  # --allowed-origins: besides loopback ones; "*": any
     build_info: str = f"localfab-{__version__}"
 
     @property

@@ -1,0 +1,554 @@
+"""The server's edge: bad Unicode in JSON, slow and excess connections, Host and Origin rules
+(DNS rebinding, CORS), API keys from the environment and from a file.
+
+Most tests run without the model: the Gate over a stand-in app, the rules themselves, the
+transport limits over a trivial app, and the command line's checks before it loads anything.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from localfab.errors import UsageError
+from localfab.server import ServerSettings, create_app
+from localfab.server.app import Gate, Server
+from localfab.server.edge import (
+    OriginRule,
+    host_allowed,
+    is_loopback_origin,
+    lone_surrogate,
+    read_key_file,
+    split_origins,
+)
+from localfab.server.runner import BackgroundServer
+from tests.conftest import LOCALFAB
+
+# --- the rules -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host",
+    [None, "localhost", "LOCALHOST:8080", "127.0.0.1", "127.0.0.1:8080", "127.9.8.7:1",
+     "[::1]", "[::1]:8080", "localhost."],
+)  # fmt: skip
+def test_loopback_host_names_pass(host: str | None):
+    assert host_allowed(host)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.nip.io",
+     "0.0.0.0:8080", "192.168.1.5", "[::2]:80", "localhost:x", "[::1]x", "", "x"],
+)  # fmt: skip
+def test_other_host_names_are_refused(host: str):
+    assert not host_allowed(host)
+
+
+def test_origin_rule_defaults_to_loopback_origins():
+    rule = OriginRule()
+    good = ["http://localhost", "https://localhost:3000", "http://127.0.0.1:8080",
+            "http://127.1.2.3", "http://[::1]:5173"]  # fmt: skip
+    bad = ["http://evil.example", "null", "http://localhost.evil.example", "file://",
+           "ftp://localhost", "http://localhost:99999", "http://localhost/x"]  # fmt: skip
+    for origin in good:
+        assert rule.allows(origin), origin
+    for origin in bad:
+        assert not rule.allows(origin), origin
+    # The page the server itself served (same scheme-less host:port as the Host header).
+    assert rule.allows("http://192.168.1.5:8080", "192.168.1.5:8080")
+    assert not rule.allows("http://evil.example", "192.168.1.5:8080")
+
+
+def test_origin_patterns_with_wildcards():
+    rule = OriginRule(split_origins(["https://*.example.com, chrome-extension://*", "null"]))
+    assert rule.allows("https://app.example.com")
+    assert rule.allows("HTTPS://App.Example.com")
+    assert rule.allows("chrome-extension://abcdef")
+    assert rule.allows("null")
+    assert not rule.allows("http://app.example.com")  # another scheme
+    assert not rule.allows("https://example.com.evil.io")
+    assert OriginRule(["*"]).allows("http://anything.example")
+    assert is_loopback_origin("http://localhost:1") and not is_loopback_origin("http://x:1")
+
+
+def test_origin_that_is_not_an_origin_is_a_usage_error():
+    with pytest.raises(UsageError, match="scheme://host"):
+        split_origins(["example.com"])
+    assert split_origins(["", " , "]) == ()
+
+
+def test_key_file_reader(tmp_path: Path):
+    keys = tmp_path / "keys"
+    keys.write_text("\n  first-key  \n\n\tsecond\n   \n")
+    assert read_key_file(keys) == ("first-key", "second")
+    empty = tmp_path / "empty"
+    empty.write_text(" \n\n")
+    with pytest.raises(UsageError, match="holds no key"):
+        read_key_file(empty)
+    with pytest.raises(UsageError, match="cannot read it"):
+        read_key_file(tmp_path / "missing")
+    with pytest.raises(UsageError, match="cannot read it"):
+        read_key_file(tmp_path)  # a folder
+
+
+def test_lone_surrogate_finder_names_where():
+    assert lone_surrogate({"prompt": "ok \U0001f600", "n": [1, 2.5, None, True]}) is None
+    assert lone_surrogate({"prompt": "a\ud800b"}) == ("'prompt'", "\\ud800")
+    where = lone_surrogate({"messages": [{"role": "user", "content": "x\udfff"}]})
+    assert where == ("'messages[0].content'", "\\udfff")
+    assert lone_surrogate({"stop": ["ok"], "x": {"\udc80": 1}}) == ("a key in 'x'", "\\udc80")
+    assert lone_surrogate("\ud800") == ("the body", "\\ud800")
+
+
+# --- the Gate over a stand-in app --------------------------------------------------------------
+
+
+async def _echo(request: Request) -> Response:
+    return JSONResponse({"path": request.url.path})
+
+
+def gate_app(**settings: Any) -> Gate:
+    """The Gate in front of a trivial app, with a ready stand-in worker: no model needed."""
+    server = Server(SimpleNamespace(ready=threading.Event()), ServerSettings(**settings))  # type: ignore[arg-type]
+    server.worker.ready.set()
+    server.info = object()  # type: ignore[assignment]
+    inner = Starlette(routes=[Route("/{p:path}", _echo, methods=["GET", "POST"])])
+    return Gate(inner, server)
+
+
+def gate_client(**settings: Any) -> TestClient:
+    return TestClient(gate_app(**settings), base_url="http://127.0.0.1:8080")
+
+
+def error_of(r: httpx.Response, code: int, type_: str) -> str:
+    assert r.status_code == code, r.text
+    body = r.json()["error"]
+    assert body["code"] == code and body["type"] == type_
+    return body["message"]
+
+
+def test_loopback_bind_refuses_other_host_names():
+    with gate_client() as client:
+        assert client.get("/slots").status_code == 200
+        for host in ("localhost:8080", "127.0.0.1", "[::1]:8080"):
+            assert client.get("/slots", headers={"Host": host}).status_code == 200, host
+        r = client.get("/slots", headers={"Host": "rebind.evil.example:8080"})
+        msg = error_of(r, 403, "permission_error")
+        assert "rebind.evil.example" in msg and "--host" in msg
+        assert "access-control-allow-origin" not in r.headers
+        # Also for preflights and the public /health.
+        r = client.options(
+            "/slots",
+            headers={"Host": "rebind.evil.example", "Origin": "http://rebind.evil.example"},
+        )
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+        assert client.get("/health", headers={"Host": "evil.example"}).status_code == 403
+
+
+def test_non_loopback_bind_does_not_check_host():
+    with gate_client(check_host=False) as client:
+        assert client.get("/slots", headers={"Host": "my-box.lan:8080"}).status_code == 200
+
+
+def test_cors_only_for_loopback_origins_by_default():
+    with gate_client() as client:
+        r = client.get("/slots", headers={"Origin": "http://evil.example"})
+        msg = error_of(r, 403, "permission_error")
+        assert "--allowed-origins http://evil.example" in msg and "LOCALFAB_ORIGINS" in msg
+        assert "access-control-allow-origin" not in r.headers
+        assert "access-control-allow-credentials" not in r.headers
+        pre = client.options(
+            "/v1/chat/completions",
+            headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert pre.status_code == 403
+        assert "access-control-allow-origin" not in pre.headers
+        assert "access-control-allow-credentials" not in pre.headers
+
+        r = client.get("/slots", headers={"Origin": "http://localhost:3000"})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert "origin" in r.headers["vary"].lower()
+        pre = client.options("/v1/chat/completions", headers={"Origin": "http://127.0.0.1:5173"})
+        assert pre.status_code == 200 and pre.text == ""
+        assert pre.headers["access-control-allow-origin"] == "http://127.0.0.1:5173"
+        assert pre.headers["access-control-allow-credentials"] == "true"
+        assert pre.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+        # No Origin (curl, SDKs): served, no CORS headers.
+        r = client.get("/slots")
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_allowed_origins_widen_cors():
+    with gate_client(allowed_origins=("https://*.example.com",)) as client:
+        r = client.get("/slots", headers={"Origin": "https://app.example.com"})
+        assert r.headers["access-control-allow-origin"] == "https://app.example.com"
+        assert client.get("/slots", headers={"Origin": "https://evil.io"}).status_code == 403
+    with gate_client(allowed_origins=("*",)) as client:
+        pre = client.options("/slots", headers={"Origin": "https://evil.io"})
+        assert pre.headers["access-control-allow-origin"] == "https://evil.io"
+        assert pre.headers["access-control-allow-credentials"] == "true"
+
+
+def test_api_key_is_compared_as_the_bytes_sent():
+    # Over a real socket: the test client re-encodes header values.
+    server = BackgroundServer(gate_app(api_keys=("cl\u00e9", "k\udcff"))).start()
+    try:
+        with httpx.Client(base_url=server.url) as client:
+            assert client.get("/v1/models").status_code == 401
+            r = client.get("/v1/models", headers={"Authorization": b"Bearer cl\xc3\xa9"})
+            assert r.status_code == 200
+            assert client.get("/v1/models", headers={"X-Api-Key": b"cl\xc3\xa9"}).is_success
+            assert client.get("/v1/models", headers={"X-Api-Key": b"cl\xe9"}).status_code == 401
+            # A key that is not UTF-8 (argv and the environment give it surrogate-escaped).
+            assert client.get("/v1/models", headers={"X-Api-Key": b"k\xff"}).is_success
+    finally:
+        server.stop()
+
+
+def test_lone_surrogate_in_json_is_400_before_any_handler():
+    server = Server(SimpleNamespace(ready=threading.Event()), ServerSettings())  # type: ignore[arg-type]
+
+    async def handler(request: Request) -> Response:
+        from localfab.server.errors import ApiError
+
+        try:
+            return JSONResponse(await server.read_json(request))
+        except ApiError as exc:
+            return Response(exc.body(), status_code=exc.code)
+
+    app = Starlette(routes=[Route("/", handler, methods=["POST"])])
+    with TestClient(app) as client:
+        r = client.post("/", content=b'{"messages":[{"role":"user","content":"a\\ud800"}]}')
+        msg = error_of(r, 400, "invalid_request_error")
+        assert "lone surrogate" in msg and "\\ud800" in msg and "messages[0].content" in msg
+        pair = client.post("/", content=b'{"prompt":"\\ud83d\\ude00"}')
+        assert pair.status_code == 200 and pair.json() == {"prompt": "\U0001f600"}
+
+
+# --- slow and excess connections (a real socket, a trivial app) -------------------------------
+
+
+async def _health(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            kind = message["type"].rsplit(".", 1)[-1]
+            await send({"type": f"lifespan.{kind}.complete"})
+            if kind == "shutdown":
+                return
+    body = b'{"status":"ok"}'
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture()
+def edge_server(request: pytest.FixtureRequest) -> Iterator[BackgroundServer]:
+    server = BackgroundServer(_health, **request.param).start()
+    yield server
+    server.stop()
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed this connection (EOF or reset), without blocking."""
+    try:
+        return sock.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize(
+    "edge_server", [{"header_timeout": 2.0, "max_connections": 400}], indirect=True
+)
+def test_half_sent_heads_are_closed_and_health_answers(edge_server: BackgroundServer):
+    socks: list[socket.socket] = []
+    try:
+        t0 = time.monotonic()
+        for _ in range(200):
+            sock = socket.create_connection((edge_server.host, edge_server.port))
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            sock.setblocking(False)
+            socks.append(sock)
+        r = httpx.get(edge_server.url + "/health", timeout=5)  # during the attack
+        assert r.status_code == 200
+        open_socks = list(socks)
+        while open_socks and time.monotonic() - t0 < 2.0 + 8.0:  # the timeout, plus slack
+            open_socks = [s for s in open_socks if not closed_by_server(s)]
+            time.sleep(0.05)
+        assert not open_socks, f"{len(open_socks)} of 200 half-open connections still open"
+        assert time.monotonic() - t0 >= 2.0  # not before the timeout either
+        assert httpx.get(edge_server.url + "/health", timeout=5).status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    "edge_server", [{"header_timeout": 2.0, "max_connections": 400}], indirect=True
+)
+def test_head_deadline_also_covers_the_next_request_on_a_kept_alive_connection(
+    edge_server: BackgroundServer,
+):
+    with socket.create_connection((edge_server.host, edge_server.port)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(5)
+        answer = b""
+        while not answer.endswith(b'{"status":"ok"}'):
+            chunk = sock.recv(4096)
+            assert chunk, answer
+            answer += chunk
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")
+        sock.settimeout(1)
+        for _ in range(10):  # a byte a second must not postpone the deadline
+            try:
+                sock.sendall(b"a")
+                if sock.recv(4096) == b"":
+                    break
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        else:
+            pytest.fail("a head trickled in over 10 s was never cut off")
+
+
+@pytest.mark.parametrize(
+    "edge_server", [{"header_timeout": 30.0, "max_connections": 10}], indirect=True
+)
+def test_connections_beyond_the_limit_get_503_not_a_hang(edge_server: BackgroundServer):
+    socks = [socket.create_connection((edge_server.host, edge_server.port)) for _ in range(10)]
+    try:
+        state = edge_server.server.server_state
+        deadline = time.monotonic() + 10
+        while len(state.connections) < 10:
+            assert time.monotonic() < deadline, "the server never accepted 10 connections"
+            time.sleep(0.01)
+        with socket.create_connection((edge_server.host, edge_server.port)) as extra:
+            extra.settimeout(10)
+            answer = b""
+            while chunk := extra.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert body["error"]["type"] == "unavailable_error"
+        assert "--max-connections" in body["error"]["message"]
+        r = httpx.get(edge_server.url + "/health", timeout=10)  # a real client: clean 503
+        assert r.status_code == 503
+    finally:
+        for sock in socks:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while httpx.get(edge_server.url + "/health", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "the server did not take connections again"
+        time.sleep(0.05)
+
+
+# --- the command line: flags and key sources, checked before any model is loaded ---------------
+
+
+def run_serve(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LOCALFAB), "serve", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def test_serve_help_documents_the_edge_flags(lf_env):
+    out = run_serve(["--help"], lf_env)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for needle in ("--api-key-file", "LLAMA_API_KEY", "--header-timeout", "--max-connections",
+                   "--allowed-origins", "LOCALFAB_ORIGINS", "-to, --timeout"):  # fmt: skip
+        assert needle in text, needle
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"), [(None, "cannot read it"), ("\n  \n", "holds no key")]
+)
+def test_serve_bad_key_file_is_a_usage_error(lf_env, tmp_path: Path, content, needle):
+    keys = tmp_path / "keys"
+    if content is not None:
+        keys.write_text(content)
+    out = run_serve([str(tmp_path / "model.gguf"), "--api-key-file", str(keys)], lf_env)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("localfab: error: --api-key-file") and needle in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_serve_bad_origin_is_a_usage_error(lf_env, tmp_path: Path):
+    env = dict(lf_env, LOCALFAB_ORIGINS="http://ok.example,example.com")
+    out = run_serve([str(tmp_path / "model.gguf")], env)
+    assert out.returncode == 2 and "localfab: error:" in out.stderr, out.stderr
+    assert "'example.com' is not an origin" in out.stderr
+
+
+# --- with the model: the real endpoints and the real command ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_url(model_path: Path) -> Iterator[str]:
+    from localfab.engine import EngineSettings
+    from localfab.runtime import load_model
+
+    model = load_model(model_path, EngineSettings(n_ctx=1024, n_batch=512))
+    server = BackgroundServer(create_app(model, ServerSettings())).start()
+    deadline = time.monotonic() + 60
+    while httpx.get(server.url + "/health").status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    yield server.url
+    server.stop()
+    model.close()
+
+
+LONE = "\\ud800"  # as JSON spells it
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tokenize", '{"content": "a%s"}'),
+        ("/tokenize", '{"content": "ok", "with_pieces": true, "x%s": 1}'),
+        ("/detokenize", '{"tokens": [1], "note": "%s"}'),
+        ("/completion", '{"prompt": "hi%s", "n_predict": 1}'),
+        ("/completion", '{"prompt": ["a", "%s"], "n_predict": 1}'),
+        ("/completion", '{"prompt": "hi", "n_predict": 1, "stop": ["%s"]}'),
+        ("/completion", '{"prompt": "hi", "n_predict": 1, "grammar": "root ::= \\"%s\\""}'),
+        ("/v1/completions", '{"prompt": "hi%s", "max_tokens": 1}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "%s"}]}'),
+        ("/v1/chat/completions",
+         '{"messages": [{"role": "user", "content": [{"type": "text", "text": "%s"}]}]}'),
+        ("/apply-template", '{"messages": [{"role": "user", "content": "x%s"}]}'),
+    ],
+)  # fmt: skip
+def test_lone_surrogates_are_400_on_every_endpoint(model_url: str, path: str, body: str):
+    r = httpx.post(model_url + path, content=(body % LONE).encode(), timeout=60)
+    msg = error_of(r, 400, "invalid_request_error")
+    assert "lone surrogate" in msg and LONE in msg
+    assert httpx.get(model_url + "/health").status_code == 200
+
+
+@pytest.mark.model
+def test_surrogate_pairs_still_work(model_url: str):
+    r = httpx.post(model_url + "/tokenize", content=b'{"content": "\\ud83d\\ude00"}', timeout=60)
+    assert r.status_code == 200 and r.json()["tokens"]
+
+
+def start_serve(
+    args: list[str], env: dict[str, str], nofile: int | None = None
+) -> subprocess.Popen[str]:
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    return subprocess.Popen(
+        [str(LOCALFAB), "serve", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=limit,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_health(url: str, proc: subprocess.Popen[str], **kwargs: Any) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if httpx.get(url + "/health", timeout=5, **kwargs).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("server never became healthy")
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.model
+def test_serve_keys_from_environment_and_file(model_path: Path, lf_env, tmp_path: Path):
+    keys = tmp_path / "keys"
+    keys.write_text("  from-file-1\n\nfrom-file-2  \n")
+    port = free_port()
+    env = dict(lf_env, LLAMA_API_KEY="from-env")
+    proc = start_serve(
+        ["-m", str(model_path), "--port", str(port), "-c", "512", "--api-key-file", str(keys)],
+        env,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_health(url, proc)
+        assert httpx.get(url + "/v1/models").status_code == 401
+        for key in ("from-env", "from-file-1", "from-file-2"):
+            r = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200, key
+        r = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer  from-file-1"})
+        assert r.status_code == 401
+        # The default loopback bind also refuses other Host names, key or not.
+        r = httpx.get(url + "/v1/models", headers={"Host": "evil.example", "X-Api-Key": "from-env"})
+        assert r.status_code == 403
+    finally:
+        err = stop(proc)
+    assert "from-env" not in err and "from-file" not in err
+
+
+@pytest.mark.model
+def test_serve_under_a_low_open_file_limit_keeps_answering(model_path: Path, lf_env):
+    port = free_port()
+    proc = start_serve(
+        ["-m", str(model_path), "--port", str(port), "-c", "512", "--header-timeout", "2",
+         "--max-connections", "1000"],
+        lf_env,
+        nofile=200,
+    )  # fmt: skip
+    socks: list[socket.socket] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_health(url, proc)
+        for _ in range(180):  # more than the cap the limit leaves (200 - reserve)
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            socks.append(sock)
+        # Over the cap: a prompt, clean 503 (never a hang); once the heads time out: 200.
+        r = httpx.get(url + "/health", timeout=5)
+        assert r.status_code in (200, 503)
+        wait_health(url, proc)
+    finally:
+        for sock in socks:
+            sock.close()
+        err = stop(proc)
+    assert "taking at most" in err and "ulimit -n" in err
