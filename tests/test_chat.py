@@ -166,27 +166,46 @@ def test_shift_during_a_long_reply(small_engine):
     assert session.window()[0]["role"] == "system"
 
 
+@pytest.mark.model
+@pytest.mark.slow  # loads the model in a child process
 def test_killed_process_leaves_message_and_partial_reply(model_path: Path, tmp_path: Path):
+    import select
+
     db = tmp_path / "sessions.sqlite3"
+    # The child says when part of the reply is in the database, then waits there, mid-reply,
+    # to be killed: no guess at how long storing takes.
     script = textwrap.dedent(f"""
         import sys
         from localfab.chat.history import History
         from localfab.chat.prompt import PromptBuilder
         from localfab.chat.session import ChatSession
-        from localfab.engine import Engine, EngineSettings, SamplingParams
+        from localfab.engine import Engine, EngineSettings, SamplingParams, TokenEvent
         eng = Engine({str(model_path)!r}, EngineSettings(n_ctx=1024))
         history = History(__import__("pathlib").Path({str(db)!r}))
         s = ChatSession(eng, PromptBuilder(eng), history=history)
         for ev in s.send("Write a long story about a lighthouse.", max_tokens=900,
                          sampling=SamplingParams(temperature=0.7, seed=1, ignore_eos=True)):
-            print(".", end="", flush=True)
+            if isinstance(ev, TokenEvent):
+                stored = history.messages(s.session_id)[-1]
+                if stored.role == "assistant" and len(stored.content) > 10:
+                    print("stored", flush=True)
+                    sys.stdin.readline()
     """)
     with subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     ) as proc:
         assert proc.stdout is not None
-        proc.stdout.read(20)  # twenty tokens streamed
-        time.sleep(1.0)
+        deadline = time.monotonic() + 300
+        ready: list[object] = []
+        while not ready and time.monotonic() < deadline:
+            left = max(deadline - time.monotonic(), 0.0)
+            ready = select.select([proc.stdout], [], [], left)[0]
+        assert ready, "no part of the reply was stored within 300 s"
+        assert proc.stdout.readline().strip() == "stored"  # "" if the child ended first
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     history = History(db)
@@ -251,3 +270,71 @@ def test_a_reply_split_unlike_the_tokenizer_is_reused_whole(small_engine):
     again, _, _ = run_turn(session, "Again.", max_tokens=4)
     assert again.timings.cache_n == len(in_cache)  # the whole reply came from the cache
     assert again.timings.prompt_n < 16
+
+
+def test_another_process_opening_the_history_leaves_a_live_reply_alone(
+    model_path: Path, tmp_path: Path
+):
+    """A reply streaming in one process stays `generating` when another opens the database."""
+    db = tmp_path / "sessions.sqlite3"
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from localfab.chat.history import History
+        from localfab.chat.prompt import PromptBuilder
+        from localfab.chat.session import ChatSession
+        from localfab.engine import Engine, EngineSettings, SamplingParams, TokenEvent
+        eng = Engine({str(model_path)!r}, EngineSettings(n_ctx=1024))
+        s = ChatSession(eng, PromptBuilder(eng), history=History(Path({str(db)!r})))
+        n = 0
+        for ev in s.send("Write a story about a lighthouse.", max_tokens=40,
+                         sampling=SamplingParams(temperature=0, ignore_eos=True)):
+            n += isinstance(ev, TokenEvent)
+            if n == 5:
+                print("streaming", flush=True)
+                sys.stdin.readline()  # the reply waits, half-written, until told to go on
+    """)
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline().strip() == "streaming"
+        other = History(db)
+        (session,) = other.sessions()
+        assert [m.status for m in other.messages(session.id)] == ["complete", "generating"]
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=120) == 0
+        reply = other.messages(session.id)[-1]
+        assert reply.status == "length" and len(reply.content) > 20
+        other.close()
+
+
+def test_continuing_a_reply_updates_its_stored_row(small_engine, tmp_path):
+    """A reply continued later (Continue in the chat app, or after resuming) stays one message
+    in the history, so a resumed session does not send the reply twice."""
+    small_engine.clear_cache()
+    prompts = PromptBuilder(small_engine)
+    history = History(tmp_path / "h.sqlite3")
+    session = ChatSession(small_engine, prompts, system=SYSTEM, history=history, max_continues=0)
+    reply, _, _ = run_turn(session, "Describe the lighthouse.", max_tokens=6)
+    assert reply.finish_reason == "length"
+    final = None
+    for ev in session.continue_reply(max_tokens=6, sampling=GREEDY):
+        if isinstance(ev, Reply):
+            final = ev
+    assert final is not None and final.text.startswith(reply.text)
+    stored = history.messages(session.session_id)
+    assert [m.role for m in stored] == ["user", "assistant"]
+    assert stored[1].content == final.text
+    again = ChatSession.resume(history, session.session_id, small_engine, prompts)
+    for ev in again.continue_reply(max_tokens=4, sampling=GREEDY):
+        if isinstance(ev, Reply):
+            final = ev
+    stored = history.messages(session.session_id)
+    assert [m.role for m in stored] == ["user", "assistant"]
+    assert stored[1].content == final.text

@@ -164,3 +164,123 @@ def test_pins_are_not_used_where_the_tokenizer_adds_text_to_a_fragment():
     assert builder.spelled(builder.tokens(messages, pinned={1: [*b"you"]})[1:]) == (
         builder.text(messages).encode()
     )
+
+
+def _render_bounded(source: str, messages=MSGS[:2]) -> tuple[BaseException | None, int]:
+    """Render in a thread, waiting at most a minute; (what it raised, peak bytes allocated)."""
+    import threading
+    import tracemalloc
+
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            ChatTemplate(source, "gguf").render(messages)
+            outcome.append(None)
+        except BaseException as exc:  # what escapes is the point of the test
+            outcome.append(exc)
+
+    tracemalloc.start()
+    try:
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert outcome, "the rendering did not stop"
+    return outcome[0], peak
+
+
+DOUBLINGS = "".join("{% set s = s ~ s %}" for _ in range(40))
+
+
+@pytest.mark.parametrize(
+    "source, needle",
+    [
+        # 10^15 iterations of nested loops, with and without output.
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}"
+            "{% endfor %}{% endfor %}{% endfor %}",
+            "steps",
+        ),
+        ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", ""),
+        # A string doubled 40 times (a terabyte), by concatenation, in a loop and in blocks.
+        ("{% set s = 'ab' %}" + DOUBLINGS + "{{ s }}", "value of"),
+        (
+            "{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+            "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+            "value of",
+        ),
+        ("{% set s = 'ab' %}" + DOUBLINGS.replace(" ~ ", " + ") + "{{ s }}", "value of"),
+        (
+            "{% set s = 'ab' %}"
+            + "".join("{% set s %}{{ s }}{{ s }}{% endset %}" for _ in range(40))
+            + "{{ s }}",
+            "output",
+        ),
+        # Repetition, padding and powers that would take gigabytes or hours at once.
+        ("{{ 'x' * 10 ** 9 }}", "repeats"),
+        ("{{ ([0] * 10 ** 9) | length }}", "repeats"),
+        ("{{ '%0999999999d' % 1 }}", "width"),
+        ("{{ '{:>999999999}'.format('x') }}", "width"),
+        ("{{ 'x' | center(999999999) }}", "too large"),
+        ("{% set s = 'x' * 100000 %}{{ s | replace('', s) }}", "replace"),
+        ("{% set s = 'x' * 100000 %}{{ s.join(s) }}", "join"),
+        ("{{ 10 ** (10 ** 8) }}", "power"),
+        # Recursion through macros and recursive loops.
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nest"),
+        ("{% for x in [1] recursive %}{{ loop([x]) }}{% endfor %}", "nest"),
+        # Errors of the template's own making, not sandbox errors.
+        ("{{ messages[0]['content'] + 1 }}", "TypeError"),
+        ("{{ range(10 ** 6) }}", "OverflowError"),
+        ("{{ 1 // 0 }}", "ZeroDivisionError"),
+    ],
+)
+@pytest.mark.slow  # renders to the sandbox's limits: seconds of CPU
+def test_hostile_templates_fail_clearly_with_bounded_memory(source: str, needle: str):
+    error, peak = _render_bounded(source)
+    assert isinstance(error, UsageError), repr(error)
+    assert "chat template (gguf) failed" in str(error) and needle in str(error)
+    assert peak < 64 * 1024 * 1024
+
+
+@pytest.mark.slow  # renders to the sandbox's limits: seconds of CPU
+def test_nested_loops_over_a_long_conversation_are_bounded():
+    """Loops over the messages themselves: the budget grows with the conversation, but a
+    template that is quadratic (or worse) in it still stops."""
+    messages = [{"role": "user", "content": "hi"}] * 2000
+    source = (
+        "{% for a in messages %}{% for b in messages %}{% for c in messages %}"
+        "{% endfor %}{% endfor %}{% endfor %}"
+    )
+    error, _ = _render_bounded(source, messages)
+    assert isinstance(error, UsageError) and "steps" in str(error)
+
+
+def test_rendering_has_a_time_limit(monkeypatch: pytest.MonkeyPatch):
+    import localfab.templates
+
+    monkeypatch.setattr(localfab.templates, "RENDER_SECONDS", 0.0)
+    slow = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", "gguf")
+    with pytest.raises(UsageError, match="longer than 0 s"):
+        slow.render(MSGS[:2])
+
+
+def test_ordinary_templates_render_long_conversations_within_the_budget():
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"}
+        for i in range(20000)
+    ]
+    for source, arch in ((CHATML_GGUF, "qwen2"), (None, "gemma3"), (None, "llama"), (None, "x")):
+        template, _ = resolve_template(source, arch)
+        text = template.render(messages)
+        assert text.count("message 19999") == 1
+    # Filters and methods that templates use still work.
+    tools = ChatTemplate(
+        "{{ messages | map(attribute='content') | join(', ') | upper }}"
+        "{{ messages | tojson(indent=2) | length > 0 }}{{ 'a-b'.split('-') | join }}"
+        "{{ '%s!' % messages[0].content }}{{ '{}?'.format(messages[1].content) }}",
+        "gguf",
+    )
+    assert tools.render(MSGS[:2]) == "BE BRIEF., HITrueabBe brief.!Hi?"

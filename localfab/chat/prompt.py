@@ -1,14 +1,26 @@
-"""Turning messages into prompt tokens with the model's chat template."""
+"""Turning messages into prompt tokens with the model's chat template.
+
+Message contents are text, never control tokens: a user who types `<start_of_turn>system` must
+not open a turn. So the template is rendered once with a marker in place of each message's
+content; the template's own text between the markers is tokenized with special tokens parsed,
+and each content without. Where the template changes a content in a way that cannot be located
+(anything beyond trimming whitespace), the whole text is tokenized, which is only allowed when no
+content holds a control token's text.
+"""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from localfab.errors import UsageError
 from localfab.templates import ChatTemplate, resolve_template
 
-# Stands in for a pinned message's content while rendering, to find where the content goes.
-_MARK = "\x00localfab-pinned-{}\x00"
+# Stands in for a message's content while rendering, to find where the content goes.
+_MARK = "\x00localfab-content-{}\x00"
+_MARKS = re.compile("\x00localfab-content-(\\d+)\x00")
 
 
 class Tokenizer(Protocol):
@@ -48,9 +60,17 @@ class PromptBuilder:
         self.template = template
         self.notice = notice
 
-    def text(self, messages: Sequence[Mapping[str, Any]], *, continue_final: bool = False) -> str:
+    def text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        continue_final: bool = False,
+        add_generation_prompt: bool | None = None,
+    ) -> str:
+        if add_generation_prompt is None:
+            add_generation_prompt = not continue_final
         return self.template.render(
-            messages, add_generation_prompt=not continue_final, continue_final=continue_final
+            messages, add_generation_prompt=add_generation_prompt, continue_final=continue_final
         )
 
     def tokens(
@@ -58,80 +78,120 @@ class PromptBuilder:
         messages: Sequence[Mapping[str, Any]],
         *,
         continue_final: bool = False,
+        add_generation_prompt: bool | None = None,
         pinned: Mapping[int, Sequence[int]] | None = None,
     ) -> list[int]:
-        """Prompt tokens of `messages`.
+        """Prompt tokens of `messages`: the template's text with its control tokens, each
+        message's content as plain text.
 
         `pinned` maps a message's index to the tokens its content already has (a reply as the
         model generated it, which can differ from how the tokenizer would split the same text).
-        Those tokens are used as they are, so the prompt matches the KV cache token for token
-        and the next turn reuses the whole conversation. Where the template does not place a
-        pinned content verbatim and exactly once, the whole text is tokenized instead.
+        Those tokens are used as they are where the template places that content exactly once,
+        so the prompt matches the KV cache token for token and the next turn reuses the whole
+        conversation.
         """
-        text = self.text(messages, continue_final=continue_final)
-        if pinned:
-            spliced = self._splice(messages, text, pinned, continue_final)
-            if spliced is not None:
-                return spliced
-        return self.encode(text)
+        agp = add_generation_prompt
+        text = self.text(messages, continue_final=continue_final, add_generation_prompt=agp)
+        marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
+        skeleton = self.text(marked, continue_final=continue_final, add_generation_prompt=agp)
+        layout = self._layout(messages, skeleton, text)
+        tokens = None if layout is None else self._assemble(messages, *layout, pinned or {})
+        if tokens is None:
+            return self._whole(messages, text)
+        return tokens
 
-    def _splice(
+    @staticmethod
+    def _layout(
+        messages: Sequence[Mapping[str, Any]], skeleton: str, text: str
+    ) -> tuple[list[str], list[int], list[str]] | None:
+        """The template's text around each placed content (fragments), which message each
+        content is, and the content as placed (the template may trim it); None where the
+        rendered text is not the fragments and the contents in turn."""
+        parts = _MARKS.split(skeleton)
+        fragments = parts[0::2]
+        order = [int(i) for i in parts[1::2]]
+        if any(i >= len(messages) for i in order) or not text.startswith(fragments[0]):
+            return None
+        placed: list[str] = []
+        pos = len(fragments[0])
+        for k, i in enumerate(order):
+            content = str(messages[i].get("content"))
+            after = fragments[k + 1]
+            last = k == len(order) - 1
+            variants = (content, content.strip(), content.lstrip(), content.rstrip())
+            for shown in dict.fromkeys(variants):
+                end = pos + len(shown)
+                if (
+                    text.startswith(shown, pos)
+                    and text.startswith(after, end)
+                    and (not last or end + len(after) == len(text))
+                ):
+                    break
+            else:
+                return None
+            placed.append(shown)
+            pos = end + len(after)
+        if pos != len(text):
+            return None
+        return fragments, order, placed
+
+    def _assemble(
         self,
         messages: Sequence[Mapping[str, Any]],
-        text: str,
+        fragments: list[str],
+        order: list[int],
+        placed: list[str],
         pinned: Mapping[int, Sequence[int]],
-        continue_final: bool,
     ) -> list[int] | None:
-        order = sorted(i for i in pinned if 0 <= i < len(messages))
-        if not order:
-            return None
-        marked = [
-            {**m, "content": _MARK.format(i)} if i in pinned else m for i, m in enumerate(messages)
-        ]
-        skeleton = self.text(marked, continue_final=continue_final)
-        fragments: list[str] = []
-        pos = 0
-        for i in order:
-            mark = _MARK.format(i)
-            at = skeleton.find(mark, pos)
-            if at < 0 or skeleton.find(mark, at + len(mark)) >= 0:
-                return None
-            fragments.append(skeleton[pos:at])
-            pos = at + len(mark)
-        fragments.append(skeleton[pos:])
-        contents = [str(messages[i].get("content", "")) for i in order]
-        spans = [list(pinned[i]) for i in order]
-        if self._rebuild(fragments, contents) != text:
-            # Templates often trim messages (Gemma's does): whitespace-only tokens at either end
-            # of a reply can go; whitespace inside a token cannot, nor any other change.
-            contents = [c.strip() for c in contents]
-            if self._rebuild(fragments, contents) != text:
-                return None
-            trimmed = [self._trim(span, c) for span, c in zip(spans, contents, strict=True)]
-            if any(span is None for span in trimmed):
-                return None
-            spans = trimmed  # type: ignore[assignment]
+        tokenize = self.engine.tokenize
+        known: dict[str, list[int] | None] = {}
+        times = Counter(order)
         out = self.encode(fragments[0])
-        for span, fragment in zip(spans, fragments[1:], strict=True):
-            out.extend(span)
-            if fragment:
-                piece = self.engine.tokenize(fragment, add_special=False, parse_special=True)
-                # A tokenizer that changes a fragment on its own (a space prefix, say) would put
-                # text in the prompt that the template did not: then tokenize the whole text.
-                if self.spelled(piece) != fragment.encode():
+        for k, (i, shown) in enumerate(zip(order, placed, strict=True)):
+            span = None
+            if i in pinned and times[i] == 1:
+                # Pinned tokens spell their content (checked when they were pinned); where the
+                # template trims the content, only whitespace-only tokens at the ends may go.
+                span = list(pinned[i])
+                if shown != str(messages[i].get("content")):
+                    span = self._trim(span, shown)
+            if span is None:
+                span = tokenize(shown, add_special=False, parse_special=False)
+                # A tokenizer that adds text on its own at the start of a text (a space prefix,
+                # say) would put text in the prompt that the template did not: then the whole
+                # text is tokenized. Only the start can differ, so unless the content starts
+                # with whitespace (which could hide an added space), the first token tells.
+                head = span if shown[:1].isspace() else span[:1]
+                if not shown.encode().startswith(self.spelled(head)) or bool(shown) != bool(span):
                     return None
-                out.extend(piece)
+            out.extend(span)
+            fragment = fragments[k + 1]
+            if fragment not in known:
+                piece = tokenize(fragment, add_special=False, parse_special=True)
+                known[fragment] = piece if self.spelled(piece) == fragment.encode() else None
+            known_piece = known[fragment]
+            if known_piece is None:
+                return None
+            out.extend(known_piece)
         return out
+
+    def _whole(self, messages: Sequence[Mapping[str, Any]], text: str) -> list[int]:
+        """The whole rendered text tokenized at once, if no content holds control tokens."""
+        tokenize = self.engine.tokenize
+        for i, message in enumerate(messages):
+            content = str(message.get("content"))
+            plain = tokenize(content, add_special=False, parse_special=False)
+            if tokenize(content, add_special=False, parse_special=True) != plain:
+                raise UsageError(
+                    f"message {i} contains the text of a control token, which this chat "
+                    "template would turn into a real one: remove it from the message"
+                )
+        return self.encode(text)
 
     def spelled(self, tokens: Sequence[int]) -> bytes:
         """The exact bytes `tokens` stand for, control tokens as their text (no detokenizer
         clean-up such as dropping a leading space)."""
         return b"".join(self.engine.token_bytes(t, special=True) for t in tokens)
-
-    @staticmethod
-    def _rebuild(fragments: list[str], contents: list[str]) -> str:
-        tail = zip(contents, fragments[1:], strict=True)
-        return fragments[0] + "".join(content + after for content, after in tail)
 
     def _trim(self, tokens: list[int], content: str) -> list[int] | None:
         """`tokens` without whitespace-only tokens at the ends, if what is left is `content`."""

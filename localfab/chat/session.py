@@ -67,7 +67,8 @@ class Reply:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(len(p.tokens) for p in self.pieces)
+        """Sampled tokens over all pieces, counted as llama-server counts them."""
+        return sum(p.completion_tokens for p in self.pieces)
 
 
 ChatEvent = TokenEvent | Shifted | Continued | Reply
@@ -94,18 +95,43 @@ def fit_turns(
     messages and the one at `last_user` always stays. Returns (first kept message, its prompt,
     turns dropped, tokens of the prompt before dropping); the prompt may still exceed the
     budget when only the last turn is left.
+
+    As few turns as possible are dropped. A prompt only grows with the turns it holds, so the
+    first turn to keep is searched for from the newest turn backwards, doubling the step and
+    then halving it: the prompts built are never much longer than the one that fits, however
+    long the conversation is (dropping one turn at a time from the oldest would build the
+    whole conversation once per dropped turn).
     """
     tokens = tokens_from(start)
     n_before = len(tokens)
-    dropped = 0
-    while len(tokens) > budget:
-        nxt = next_turn_start(messages, start, last_user)
-        if nxt is None:
-            break
-        start = nxt
-        dropped += 1
-        tokens = tokens_from(start)
-    return start, tokens, dropped, n_before
+    if len(tokens) <= budget:
+        return start, tokens, 0, n_before
+    starts = [i for i in range(start + 1, last_user + 1) if messages[i]["role"] == "user"]
+    if not starts:
+        return start, tokens, 0, n_before
+    built: dict[int, list[int]] = {}
+
+    def fits(k: int) -> bool:  # the window that starts at turn starts[k]
+        built[k] = tokens_from(starts[k])
+        return len(built[k]) <= budget
+
+    fit = len(starts) - 1  # the last turn: kept even when it does not fit
+    if fits(fit):
+        short = -1  # a turn known not to fit (-1: the window as it was)
+        step = 1
+        while fit - step > short:
+            if not fits(fit - step):
+                short = fit - step
+                break
+            fit -= step
+            step *= 2
+        while fit - short > 1:
+            mid = (short + fit) // 2
+            if fits(mid):
+                fit = mid
+            else:
+                short = mid
+    return starts[fit], built[fit], fit + 1, n_before
 
 
 class ChatSession:
@@ -142,6 +168,8 @@ class ChatSession:
         # Replies as the model generated them: message index -> (content, tokens). Prompts use
         # these tokens rather than a re-tokenization of the text, which can split it otherwise.
         self._pins: dict[int, tuple[str, tuple[int, ...]]] = {}
+        # Message index -> its row in the history, so a continued reply updates its own row.
+        self._stored: dict[int, int] = {}
 
     # --- the window ----------------------------------------------------------------------------
 
@@ -201,14 +229,12 @@ class ChatSession:
                 f"this message needs {len(tokens)} tokens with the system prompt, but the "
                 f"context window holds {self.n_ctx}: shorten it or raise the context with -c",
             )
-        user_id = None
         if self.history is not None and self.session_id is not None:
-            user_id = self.history.add_message(self.session_id, "user", text)
+            self._stored[last_user] = self.history.add_message(self.session_id, "user", text)
         shifts: list[Shifted] = []
         if dropped:
             shifts.append(self._shift(start, tokens, dropped, n_before - len(tokens)))
             yield shifts[-1]
-        del user_id
         yield from self._reply(
             tokens,
             max_tokens=max_tokens,
@@ -246,13 +272,17 @@ class ChatSession:
         parts: list[str] = [prefix_text] if prefix_text else []
         pieces: list[Done] = []
         reply_id = None
-        if self.history is not None and self.session_id is not None:
-            reply_id = self.history.add_message(
-                self.session_id, "assistant", prefix_text, status="generating"
-            )
         if reply_index is None:
             self.messages.append({"role": "assistant", "content": prefix_text})
             reply_index = len(self.messages) - 1
+        if self.history is not None and self.session_id is not None:
+            # A continued reply goes on in its own row; a new one gets a row of its own.
+            reply_id = self._stored.get(reply_index)
+            if reply_id is None:
+                reply_id = self.history.add_message(
+                    self.session_id, "assistant", prefix_text, status="generating"
+                )
+                self._stored[reply_index] = reply_id
         pending_events: list[Shifted] = []
         base_prompt = list(prompt)  # the window up to where the reply starts
         reply_tokens: list[int] = []  # tokens of the reply's earlier pieces (continuations)
@@ -440,9 +470,9 @@ class ChatSession:
             max_continues=max_continues,
             reply_reserve=reply_reserve,
         )
-        session.messages = [
-            {"role": m.role, "content": m.content} for m in history.messages(session_id)
-        ]
+        stored_messages = history.messages(session_id)
+        session.messages = [{"role": m.role, "content": m.content} for m in stored_messages]
+        session._stored = {i: m.id for i, m in enumerate(stored_messages)}
         users = [i for i, m in enumerate(session.messages) if m["role"] == "user"]
         if users:
             start, tokens, _, _ = session._fit(users[-1], session.reply_reserve)

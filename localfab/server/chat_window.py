@@ -21,21 +21,19 @@ class ChatWindow:
     def __init__(
         self,
         messages: Sequence[Mapping[str, Any]],
-        render: Callable[[Sequence[Mapping[str, Any]]], str],
-        encode: Callable[[str], list[int]],
+        prompt: Callable[[Sequence[Mapping[str, Any]]], list[int]],
         n_ctx: int,
     ) -> None:
+        """`prompt(messages)` is the prompt tokens of (part of) the conversation."""
         self._n_ctx = n_ctx
-        self._render = render
-        self._encode = encode
+        self._prompt = prompt
         n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
         self._head = list(messages[:n_head])
         self._rest = list(messages[n_head:])
         users = [i for i, m in enumerate(self._rest) if m["role"] == "user"]
         self._last_user = users[-1] if users else None
         self._start = 0
-        self.text = render(list(messages))
-        self.tokens = encode(self.text)
+        self.tokens = prompt(list(messages))
         self.left_out = {"turns": 0, "tokens": 0}  # so far; grows if the reply needs room
 
     def fit(self, budget: int, *, all_or_nothing: bool = False) -> bool:
@@ -48,13 +46,11 @@ class ChatWindow:
             return True
         if self._last_user is None:
             return False
-        texts = {self._start: self.text}
 
         def tokens_from(start: int) -> list[int]:
             if start == self._start:
                 return self.tokens
-            texts[start] = self._render(self._head + self._rest[start:])
-            return self._encode(texts[start])
+            return self._prompt(self._head + self._rest[start:])
 
         start, tokens, dropped, _ = fit_turns(
             self._rest, self._start, self._last_user, tokens_from, budget
@@ -63,7 +59,7 @@ class ChatWindow:
         if dropped and (fits or not all_or_nothing):
             self.left_out["turns"] += dropped
             self.left_out["tokens"] += max(0, len(self.tokens) - len(tokens))
-            self._start, self.text, self.tokens = start, texts[start], tokens
+            self._start, self.tokens = start, tokens
         return fits
 
     def on_context_full(self, generated: list[int]) -> list[int] | None:
