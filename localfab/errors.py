@@ -58,3 +58,7 @@ class HubError(LocalfabError):
     """A download or Hugging Face request failed; the message names the cause and the fix."""
 
     exit_code = EXIT_NETWORK
+
+
+class ModelCorrupt(ModelError):
+    """A GGUF header that parses but holds wrongly typed or impossible values."""

@@ -20,6 +20,7 @@ padding to `general.alignment` (default 32) and the tensor data.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import struct
@@ -37,7 +38,8 @@ from gguf.constants import (
     LlamaFileType,
 )
 
-from localfab.errors import ModelError
+from localfab.errors import ModelCorrupt, ModelError
+from localfab.modelfile import check_model_file, permission_denied
 
 __all__ = [
     "FileSource",
@@ -52,13 +54,31 @@ __all__ = [
 # objects that nothing in the planner reads. Per-layer arrays (head counts, SWA pattern) are short.
 MAX_KEPT_ARRAY = 4096
 
-# Sanity bounds that tell a corrupt header from a real one. Real headers have a few hundred keys
-# and at most tens of thousands of tensors (MoE models); a string longer than 64 MiB in a header
+# Sanity bounds that tell a corrupt header from a real one, and keep a hostile header (local or
+# remote) from costing more than a bounded amount of memory and bytes fetched. Real headers have a
+# few hundred keys, at most tens of thousands of tensors (MoE models stored one tensor per
+# expert), and are a few MB long (a 262k-token vocabulary is 6.5 MB); a string longer than 64 MiB
 # (chat templates are tens of KiB) means the length field is garbage.
-_MAX_KV = 1 << 20
-_MAX_TENSORS = 1 << 22
+_MAX_KV = 1 << 16
+_MAX_TENSORS = 1 << 17
 _MAX_STRING = 64 << 20
+_MAX_HEADER = 128 << 20
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_ELEMENTS = 2**63 - 1  # int64_t, as ggml counts a tensor's elements
+# Smallest encodings, to tell whether a declared count can fit in the bytes that are left:
+# a metadata pair is a key (u64 length) + value type (u32) + at least one byte of value; a
+# tensor info is a name (u64 length) + n_dims (u32) + one dim (u64) + type (u32) + offset (u64).
+_MIN_KV_BYTES = 8 + 4 + 1
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8
+
+# llama.cpp keeps hyperparameters in uint32 fields and per-layer ones in arrays of
+# LLAMA_MAX_LAYERS (src/llama-hparams.h); it refuses a model with more layers or experts.
+MAX_LAYERS = 512
+MAX_EXPERTS = 1024
+_U32_MAX = 2**32 - 1
+
+# Architectures without attention (pure state-space models): their headers say 0 heads.
+_ATTENTION_FREE = frozenset({"mamba", "mamba2"})
 
 # Default sliding-window layer patterns llama.cpp applies when a GGUF has
 # `{arch}.attention.sliding_window` but no `{arch}.attention.sliding_window_pattern`, read from
@@ -246,6 +266,10 @@ def _jsonable(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+class _Truncated(ModelError):
+    """The file (or what the server sent) ended inside the header."""
+
+
 @dataclass(frozen=True)
 class _BigArray:
     """Stand-in for an array too long to keep: its element type and length."""
@@ -277,16 +301,30 @@ class _Cursor:
     # errors -------------------------------------------------------------------------------
     def truncated(self, offset: int) -> ModelError:
         size = f" (file is {self.total} bytes)" if self.total is not None else ""
-        return ModelError(
+        return _Truncated(
             f"{self.label}: GGUF header truncated at byte {offset} while reading {self.what}"
             f"{size}: the file is incomplete; download it again"
         )
 
     def corrupt(self, offset: int, problem: str) -> ModelError:
-        return ModelError(
+        return ModelCorrupt(
             f"{self.label}: corrupt GGUF header at byte {offset} ({self.what}): {problem}; "
             f"the file is damaged or not a model; download it again"
         )
+
+    def check_count(self, at: int, count: int, min_bytes: int, what: str) -> None:
+        """Refuse a declared count whose smallest encoding is longer than what is left.
+
+        Longer than any real header: corrupt. Longer than the rest of the file: truncated.
+        Either way nothing is fetched or allocated for it.
+        """
+        need = count * min_bytes
+        if self.pos + need > _MAX_HEADER:
+            raise self.corrupt(
+                at, f"{count} {what} would make the header longer than {_MAX_HEADER >> 20} MiB"
+            )
+        if self.total is not None and self.pos + need > self.total:
+            raise self.truncated(self.total)
 
     # reading ------------------------------------------------------------------------------
     def _fill(self, need: int) -> None:
@@ -297,10 +335,19 @@ class _Cursor:
             if self.pos + need > self.total:
                 raise self.truncated(self.total)
             want = min(want, self.total - self.pos)
+        if self.pos + need > _MAX_HEADER:
+            # No real header comes near this; a remote one must not make us fetch gigabytes.
+            raise self.corrupt(self.pos, f"the header runs past {_MAX_HEADER >> 20} MiB")
+        want = min(want, _MAX_HEADER - self.pos)
         try:
             data = self.source.read(self.pos, want)
+        except PermissionError as exc:
+            raise permission_denied(self.label) from exc
         except OSError as exc:
-            raise ModelError(f"{self.label}: cannot read byte {self.pos}: {exc}") from exc
+            raise ModelError(
+                f"{self.label}: cannot read byte {self.pos} ({exc.strerror or exc}): check the "
+                f"disk or the network and try again"
+            ) from exc
         if len(data) < need:
             raise self.truncated(self.pos + len(data))
         # keep what is still unread of the old buffer? pos is always at or past it, so no.
@@ -345,6 +392,7 @@ class _Cursor:
 
     def skip_strings(self, count: int) -> None:
         """Skip `count` length-prefixed strings; a tight loop since vocabularies hold 262k."""
+        self.check_count(self.pos, count, 8, "strings")
         unpack_from = struct.unpack_from
         done = 0
         while done < count:
@@ -381,6 +429,7 @@ def _value(cur: _Cursor, vtype: int) -> Any:
         item_fmt = _SCALAR_FORMATS.get(item_type)
         if item_fmt is not None:
             item_size = struct.calcsize(item_fmt)
+            cur.check_count(at, count, item_size, "array items")
             if count > MAX_KEPT_ARRAY:
                 cur.skip(count * item_size)
                 return _BigArray(item_type, count)
@@ -390,6 +439,7 @@ def _value(cur: _Cursor, vtype: int) -> Any:
             if count > MAX_KEPT_ARRAY:
                 cur.skip_strings(count)
                 return _BigArray(item_type, count)
+            cur.check_count(at, count, 8, "strings")
             return [cur.string() for _ in range(count)]
         raise cur.corrupt(at, f"unknown array item type {item_type}")
     raise cur.corrupt(cur.pos - 4, f"unknown value type {vtype}")
@@ -403,6 +453,10 @@ def _tensor_nbytes(cur: _Cursor, at: int, name: str, ggml_type: int, shape: tupl
         raise cur.corrupt(at, f"tensor {name!r} has unknown ggml type {ggml_type}") from None
     if not shape:
         return type_size
+    if math.prod(shape) > _MAX_ELEMENTS:
+        # ggml counts elements in int64: a larger shape is garbage, and its byte count would
+        # overflow every float the planner prints it with.
+        raise cur.corrupt(at, f"tensor {name!r} has the impossible shape {list(shape)}")
     if shape[0] % block_size:
         raise cur.corrupt(
             at, f"tensor {name!r} row of {shape[0]} is not a multiple of its {block_size}-block"
@@ -418,9 +472,7 @@ def _source_and_label(
 ) -> tuple[RangeSource, str]:
     if isinstance(path_or_source, str | os.PathLike):
         path = Path(path_or_source)
-        if not path.is_file():
-            what = "is a folder, not a file" if path.is_dir() else "does not exist"
-            raise ModelError(f"{path} {what}: give the path of a .gguf file")
+        check_model_file(path)
         return FileSource(path), str(path)
     if isinstance(path_or_source, RangeSource):
         return path_or_source, getattr(path_or_source, "label", None) or repr(path_or_source)
@@ -441,7 +493,8 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
         raise ModelError(f"{label} is not a GGUF file ({cur.total} bytes long)")
     try:
         magic_raw = bytes(cur.take(4))
-    except ModelError:
+    except _Truncated:
+        # Only a short read means "too short"; a permission or I/O error keeps its own message.
         raise ModelError(f"{label} is not a GGUF file (too short)") from None
     if struct.unpack("<I", magic_raw)[0] != GGUF_MAGIC:
         raise ModelError(
@@ -461,6 +514,8 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
         raise cur.corrupt(8, f"tensor count {n_tensors} is impossible")
     if n_kv > _MAX_KV:
         raise cur.corrupt(16, f"metadata count {n_kv} is impossible")
+    cur.check_count(16, n_kv, _MIN_KV_BYTES, "metadata entries")
+    cur.check_count(8, n_tensors, _MIN_TENSOR_INFO_BYTES, "tensor infos")
 
     meta: dict[str, Any] = {}
     for i in range(n_kv):
@@ -487,7 +542,12 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
         tensors.append((name, ggml_type, shape, offset, at))
 
     alignment = meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+    if (
+        not isinstance(alignment, int)
+        or isinstance(alignment, bool)
+        or alignment <= 0
+        or alignment & (alignment - 1)
+    ):
         raise cur.corrupt(0, f"general.alignment {alignment!r} is not a power of two")
     data_offset = -(-cur.pos // alignment) * alignment
 
@@ -504,7 +564,90 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
             )
         infos.append(TensorInfo(name, ggml_type, shape, offset, nbytes))
 
-    return _facts(meta, infos, label=label, cur=cur, version=version, data_offset=data_offset)
+    try:
+        return _facts(meta, infos, label=label, cur=cur, version=version, data_offset=data_offset)
+    except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
+        # The checks in _facts name the key at fault; this is the net under them.
+        raise ModelCorrupt(
+            f"model file {label} is corrupt: {exc}; download it again or get it from its source"
+        ) from exc
+
+
+def _describe(value: Any) -> str:
+    """A wrongly typed metadata value, in words."""
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, float):
+        return f"a float ({value})"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string ({text!r})"
+    if isinstance(value, list):
+        return f"an array of {len(value)} items"
+    if isinstance(value, _BigArray):
+        return f"an array of {value.count} items"
+    return f"{value!r}"
+
+
+class _Checker:
+    """Typed, range-checked reads of the hyperparameters the planner computes with.
+
+    Every count the planner divides by or loops over must be an integer in a range llama.cpp
+    itself would accept; anything else (a string, a NaN, -5, 0 heads) is a corrupt file, said
+    in one line that names the key.
+    """
+
+    def __init__(self, meta: Mapping[str, Any], label: str, arch: str) -> None:
+        self.meta = meta
+        self.label = label
+        self.arch = arch
+
+    def bad(self, name: str, problem: str) -> ModelCorrupt:
+        return ModelCorrupt(
+            f"model file {self.label} is corrupt: {self.arch}.{name} {problem}; "
+            f"download it again or get it from its source"
+        )
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.meta.get(f"{self.arch}.{name}", default)
+
+    def need(self, name: str) -> Any:
+        value = self.get(name)
+        if value is None:
+            raise ModelError(
+                f"{self.label}: the GGUF header lacks {self.arch}.{name}: the file is not a "
+                f"complete {self.arch} model (or the architecture is not supported)"
+            )
+        return value
+
+    def int_value(self, name: str, value: Any, low: int, high: int, what: str = "") -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.bad(name, f"{what}is {_describe(value)}, not an integer")
+        if not low <= value <= high:
+            raise self.bad(name, f"{what}is {value}, outside {low}..{high}")
+        return value
+
+    def count(self, name: str, *, low: int = 1, high: int = _U32_MAX, default: Any = None) -> Any:
+        """An integer key in [low, high]; `default` (unchecked) when the key is absent."""
+        value = self.get(name)
+        if value is None:
+            return default
+        return self.int_value(name, value, low, high)
+
+    def per_layer(
+        self, name: str, value: Any, n_layer: int, *, low: int, high: int = _U32_MAX
+    ) -> int | tuple[int, ...]:
+        """One number, or one per layer (collapsed when all are equal)."""
+        if isinstance(value, _BigArray):  # longer than MAX_KEPT_ARRAY, so than MAX_LAYERS
+            raise self.bad(name, f"has {value.count} per-layer entries for {n_layer} layers")
+        if isinstance(value, list):
+            if len(value) != n_layer:
+                raise self.bad(name, f"has {len(value)} per-layer entries for {n_layer} layers")
+            values = tuple(
+                self.int_value(name, v, low, high, what=f"entry {i} ") for i, v in enumerate(value)
+            )
+            return values[0] if len(set(values)) == 1 else values
+        return self.int_value(name, value, low, high)
 
 
 def _facts(
@@ -519,42 +662,115 @@ def _facts(
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{label}: the GGUF header has no general.architecture: not a model file")
-
-    def key(name: str, default: Any = None) -> Any:
-        return meta.get(f"{arch}.{name}", default)
-
-    def need(name: str) -> Any:
-        value = key(name)
-        if value is None:
-            raise ModelError(
-                f"{label}: the GGUF header lacks {arch}.{name}: the file is not a complete "
-                f"{arch} model (or the architecture is not supported)"
-            )
-        return value
-
-    n_layer = int(need("block_count"))
-    n_embd = int(need("embedding_length"))
-    n_head = _per_layer(need("attention.head_count"), n_layer)
-    n_head_kv = _per_layer(key("attention.head_count_kv", n_head), n_layer)
-    n_head_0 = n_head if isinstance(n_head, int) else max(n_head)
-    default_head_dim = n_embd // n_head_0 if n_head_0 else 0
-    key_length = int(key("attention.key_length", default_head_dim))
-    value_length = int(key("attention.value_length", default_head_dim))
-    n_ff_raw = key("feed_forward_length")
-    n_ff = None if n_ff_raw is None else _per_layer(n_ff_raw, n_layer)
-
-    sliding_window = key("attention.sliding_window")
-    sliding_window = int(sliding_window) if sliding_window else None
-    swa_layers = _swa_layers(arch, key("attention.sliding_window_pattern"), sliding_window, n_layer)
-
-    tokens = meta.get("tokenizer.ggml.tokens")
+    c = _Checker(meta, label, arch)
     by_name = {t.name: t for t in infos}
-    if isinstance(tokens, _BigArray | list):
-        n_vocab = tokens.count if isinstance(tokens, _BigArray) else len(tokens)
-    elif key("vocab_size") is not None:
-        n_vocab = int(key("vocab_size"))
+
+    # Layers: llama.cpp loads at most MAX_LAYERS, and a file cannot have more layers than it
+    # has blk.N tensors for. Everything per layer below is sized by this number, so it is
+    # bounded before anything is allocated from it.
+    c.need("block_count")
+    n_layer = c.count("block_count", high=MAX_LAYERS)
+    blocks = [int(m.group(1)) for t in infos if (m := _BLOCK_RE.match(t.name))]
+    if blocks and n_layer > max(blocks) + 1:
+        raise c.bad(
+            "block_count",
+            f"says {n_layer} layers but the file holds tensors for {max(blocks) + 1} "
+            f"(blk.0 to blk.{max(blocks)})",
+        )
+
+    n_embd = c.int_value("embedding_length", c.need("embedding_length"), 1, _U32_MAX)
+
+    # Heads: a per-layer array may hold 0 for layers without attention (hybrid models), but
+    # some layer must have heads, unless the architecture has no attention at all.
+    attention_free = arch in _ATTENTION_FREE
+    n_head = c.per_layer("attention.head_count", c.need("attention.head_count"), n_layer, low=0)
+    n_head_max = n_head if isinstance(n_head, int) else max(n_head)
+    if n_head_max == 0 and not attention_free:
+        raise c.bad("attention.head_count", "is 0: a model with attention needs heads")
+    kv_raw = c.get("attention.head_count_kv")
+    n_head_kv = (
+        n_head if kv_raw is None else c.per_layer("attention.head_count_kv", kv_raw, n_layer, low=0)
+    )
+    n_head_kv_max = n_head_kv if isinstance(n_head_kv, int) else max(n_head_kv)
+    if n_head_kv_max == 0 and n_head_max > 0:
+        raise c.bad("attention.head_count_kv", "is 0: a model with attention needs KV heads")
+
+    # Head sizes (key/value lengths) multiply every KV-cache estimate; 0 would make the cache
+    # free. Without the keys they default to n_embd / n_head, as in llama.cpp.
+    head_low = 0 if n_head_max == 0 else 1
+    default_head_dim = n_embd // n_head_max if n_head_max else 0
+    key_length = c.count("attention.key_length", low=head_low, default=default_head_dim)
+    value_length = c.count("attention.value_length", low=head_low, default=default_head_dim)
+    if n_head_max and not (key_length and value_length):
+        raise c.bad(
+            "embedding_length", f"is {n_embd}, smaller than the {n_head_max} attention heads"
+        )
+
+    n_ff_raw = c.get("feed_forward_length")
+    n_ff = (
+        None if n_ff_raw is None else c.per_layer("feed_forward_length", n_ff_raw, n_layer, low=0)
+    )
+
+    # Mixture of experts: not planned with yet, but a file whose counts llama.cpp refuses
+    # (more experts than it supports, more used per token than there are) is not a model.
+    n_expert = c.count("expert_count", low=0, high=MAX_EXPERTS, default=0)
+    used = c.get("expert_used_count")
+    if used is not None:
+        n_used = c.per_layer("expert_used_count", used, n_layer, low=0)
+        n_used_max = n_used if isinstance(n_used, int) else max(n_used)
+        if n_used_max > n_expert:
+            raise c.bad("expert_used_count", f"is {n_used_max}, more than the {n_expert} experts")
+        if n_expert and not n_used_max:
+            raise c.bad("expert_used_count", f"is 0 with {n_expert} experts")
+
+    window = c.count("attention.sliding_window", low=0)
+    sliding_window = window or None
+    pattern = c.get("attention.sliding_window_pattern")
+    if pattern is not None:
+        if isinstance(pattern, list | _BigArray):
+            n = len(pattern) if isinstance(pattern, list) else pattern.count
+            if isinstance(pattern, _BigArray) or n != n_layer:
+                raise c.bad(
+                    "attention.sliding_window_pattern", f"has {n} entries for {n_layer} layers"
+                )
+            if not all(isinstance(p, bool | int) for p in pattern):
+                raise c.bad("attention.sliding_window_pattern", "holds values that are not flags")
+        else:
+            c.int_value("attention.sliding_window_pattern", pattern, 0, _U32_MAX)
+    swa_layers = _swa_layers(arch, pattern, sliding_window, n_layer)
+
+    n_ctx_train = c.count("context_length", default=0)
+
+    # Vocabulary: the token list's length, else vocab_size, else the embedding's width.
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        if isinstance(tokens, _BigArray):
+            n_vocab = tokens.count
+            is_strings = tokens.item_type == GGUFValueType.STRING
+        elif isinstance(tokens, list):
+            n_vocab = len(tokens)
+            is_strings = all(isinstance(t, str) for t in tokens)
+        else:
+            n_vocab, is_strings = 0, False
+        if not is_strings:
+            raise ModelCorrupt(
+                f"model file {label} is corrupt: tokenizer.ggml.tokens is {_describe(tokens)}, "
+                f"not an array of strings; download it again or get it from its source"
+            )
+        if n_vocab < 1:
+            raise ModelCorrupt(
+                f"model file {label} is corrupt: tokenizer.ggml.tokens is empty; "
+                f"download it again or get it from its source"
+            )
+    elif c.get("vocab_size") is not None:
+        n_vocab = c.count("vocab_size")
     elif "token_embd.weight" in by_name:
         n_vocab = by_name["token_embd.weight"].shape[-1]
+        if n_vocab < 1:
+            raise ModelCorrupt(
+                f"model file {label} is corrupt: token_embd.weight has an empty vocabulary "
+                f"dimension; download it again or get it from its source"
+            )
     else:
         n_vocab = 0
 
@@ -588,7 +804,7 @@ def _facts(
         n_ff=n_ff,
         sliding_window=sliding_window,
         swa_layers=swa_layers,
-        n_ctx_train=int(key("context_length", 0)),
+        n_ctx_train=n_ctx_train,
         n_vocab=int(n_vocab),
         file_type=_int_or_none(meta.get("general.file_type")),
         chat_template=template if isinstance(template, str) else None,
@@ -611,16 +827,6 @@ def _facts(
 
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _per_layer(value: Any, n_layer: int) -> int | tuple[int, ...]:
-    """A hyperparameter that is one number, or one per layer (collapsed when all are equal)."""
-    if isinstance(value, list):
-        values = tuple(int(v) for v in value)
-        if len(values) != n_layer:
-            raise ModelError(f"per-layer array has {len(values)} entries for {n_layer} layers")
-        return values[0] if len(set(values)) == 1 else values
-    return int(value)
 
 
 def _swa_layers(
