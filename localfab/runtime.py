@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from localfab.config import Config, Paths
+from localfab.config import Config, Paths, check_threads
 from localfab.engine.types import EngineSettings
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def resolve_model(name: str, paths: Paths) -> Path:
 
     store = Store(paths)
     path = store.resolve(name)
-    store.touch(name)  # "last used" in `localfab list`; a no-op for plain paths
+    store.touch(name)  # "last used" in `localfab list`; best effort, a no-op for plain paths
     return path
 
 
@@ -58,8 +59,15 @@ def wishes_from_options(
     """The planner's wishes from command-line options, with config.toml / LOCALFAB_* as defaults.
 
     An explicit -c below the configured floor lowers the floor: what the user asks for wins.
+    Thread counts go through `check_threads` (-1 and 0 mean one per physical core; other values
+    below 1 are a `UsageError`), the one check that `run`, `serve` and `plan` all pass.
     """
     from localfab.plan import Wishes
+
+    if threads:  # an explicit -t wins over the config, -1 (auto) included
+        chosen_threads = check_threads(threads, source="-t/--threads")
+    else:
+        chosen_threads = check_threads(config.threads, source="config threads")
 
     floor = config.min_ctx if min_ctx is None else min_ctx
     if ctx_size:
@@ -73,17 +81,33 @@ def wishes_from_options(
         flash_attn=flash_attn or config.flash_attn,
         n_batch=batch_size,
         n_ubatch=ubatch_size,
-        threads=threads or config.threads or None,
+        threads=chosen_threads or None,
     )
+
+
+def engine_backend_info() -> Mapping[str, Any]:
+    """The engine's `backend_info()`, imported only when called (it loads llama_cpp).
+
+    Hardware probing sits below the engine, so the front ends hand it this callable.
+    """
+    from localfab.engine import backend_info
+
+    return backend_info()
+
+
+def probe_this_machine() -> Machine:
+    """This machine, with the backends the installed llama-cpp-python was built for."""
+    from localfab.hardware import probe_machine
+
+    return probe_machine(backend_info=engine_backend_info)
 
 
 def plan_for(path: Path, wishes: Wishes) -> tuple[Plan, Machine]:
     """Plan the load of `path` on this machine."""
     from localfab.facts import read_facts
-    from localfab.hardware import probe_machine
     from localfab.plan import plan
 
-    machine = probe_machine()
+    machine = probe_this_machine()
     return plan(read_facts(path), machine, wishes), machine
 
 

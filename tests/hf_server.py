@@ -9,7 +9,8 @@ It speaks the endpoints `huggingface_hub` uses to find and download files:
   a "CDN" on another origin (`localhost` instead of `127.0.0.1`), as huggingface.co does for LFS.
 
 and can misbehave on demand: drop the connection part-way through a file, answer an error status,
-serve corrupt bytes, or gate a repo behind a token (`Authorization: Bearer ...`: 401 without it,
+serve corrupt bytes, advertise a wrong size (`HostedFile.advertised`), hold every download until
+released (`hold()`), or gate a repo behind a token (`Authorization: Bearer ...`: 401 without it,
 403 for a token that has not accepted the licence). Every request is recorded with its headers
 (Range included) and the body bytes sent, so tests can assert what was fetched.
 
@@ -49,6 +50,12 @@ class HostedFile:
     lfs: bool = True
     corrupt: bool = False
     faults: deque[str] = field(default_factory=deque)
+    advertised: int | None = None  # a wrong size for the listing and X-Linked-Size to claim
+
+    @property
+    def listed_size(self) -> int:
+        """The size the hub claims (listing, X-Linked-Size); the bytes served stay `size`."""
+        return self.size if self.advertised is None else self.advertised
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes [start, end) as served (corrupted if asked)."""
@@ -114,6 +121,9 @@ class FakeHub:
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        # While set (see `hold`), content GETs wait for this event before sending anything.
+        self.held: threading.Event | None = None
+        self._started = 0
 
     # set-up -------------------------------------------------------------------------------------
     def add_file(
@@ -157,6 +167,16 @@ class FakeHub:
     def error_once(self, repo: str, path: str, status: int = 500) -> None:
         """Answer `status` to the next content GET of the file."""
         self.repos[repo].files[path].faults.append(f"status:{status}")
+
+    def hold(self) -> threading.Event:
+        """Make content GETs wait until the returned event is set (for concurrency tests)."""
+        self.held = threading.Event()
+        return self.held
+
+    def started_gets(self) -> int:
+        """Content GETs that arrived, including those still waiting at the gate."""
+        with self._lock:
+            return self._started
 
     # introspection ------------------------------------------------------------------------------
     def content_gets(self, path_suffix: str = "") -> list[RecordedRequest]:
@@ -369,7 +389,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "X-Repo-Commit": repo.commit,
                     "ETag": f'"{hosted.git_oid}"',
                     "X-Linked-Etag": f'"{hosted.sha256}"',
-                    "X-Linked-Size": str(hosted.size),
+                    "X-Linked-Size": str(hosted.listed_size),
                 }
                 return 302, self._reply(302, b"", headers=headers, head=head)
             return self._serve(repo, hosted, head=head)
@@ -386,10 +406,14 @@ class _Handler(BaseHTTPRequestHandler):
         }
         if hosted.lfs:
             headers["X-Linked-Etag"] = f'"{hosted.sha256}"'
-            headers["X-Linked-Size"] = str(hosted.size)
+            headers["X-Linked-Size"] = str(hosted.listed_size)
         if head:
             return 200, self._reply(200, headers=headers, head=True, length=hosted.size)
 
+        with self.fake._lock:
+            self.fake._started += 1
+        if self.fake.held is not None:
+            self.fake.held.wait(timeout=120)
         fault = hosted.faults.popleft() if hosted.faults else None
         if fault and fault.startswith("status:"):
             code = int(fault.split(":")[1])
@@ -451,9 +475,10 @@ def _tree(repo: HostedRepo, prefix: str) -> list[dict[str, Any]]:
         parts = f.path.split("/")
         for i in range(1, len(parts)):
             folders.add("/".join(parts[:i]))
-        item: dict[str, Any] = {"type": "file", "oid": f.git_oid, "size": f.size, "path": f.path}
+        size = f.listed_size
+        item: dict[str, Any] = {"type": "file", "oid": f.git_oid, "size": size, "path": f.path}
         if f.lfs:
-            item["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
+            item["lfs"] = {"oid": f.sha256, "size": size, "pointerSize": 134}
         items.append(item)
     for folder in sorted(folders):
         items.append(

