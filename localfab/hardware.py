@@ -1,7 +1,8 @@
 """What the machine has: CPU, RAM, GPUs, and what the installed llama-cpp-python can drive.
 
 Each probe takes its source as an argument (a command runner, a sysfs root, a psutil-like module,
-a backend-info callable) so tests feed it recorded readings; the parsers are shared by the live
+the engine's backend-info callable, which front ends pass in: this layer sits below the engine and
+never imports it) so tests feed it recorded readings; the parsers are shared by the live
 probes and by `machine_from_profile`, which builds a `Machine` from a shipped hardware profile
 (`localfab/data/profiles.json`) so a user can plan for a machine they do not have.
 
@@ -383,8 +384,8 @@ _AMD_NAMES = {
 
 
 def _amd_name(device_id: int | None, integrated: bool) -> str:
-    if device_id in _AMD_NAMES:
-        return _AMD_NAMES[device_id]  # type: ignore[index]
+    if device_id is not None and device_id in _AMD_NAMES:
+        return _AMD_NAMES[device_id]
     what = "integrated" if integrated else "discrete"
     return f"AMD Radeon ({what}, device 0x{device_id or 0:04x})"
 
@@ -454,11 +455,10 @@ def probe_cpu(
 # --- the installed llama-cpp-python ------------------------------------------------------------
 
 
-def _default_backend_info() -> Mapping[str, Any]:
-    # only the engine may import llama_cpp; import it lazily so this module stays light
-    from localfab.engine import backend_info
+BackendInfo = Callable[[], Mapping[str, Any]]
 
-    return backend_info()
+# Why a machine probed without `backend_info` counts as CPU-only.
+NOT_ASKED = "no backend_info was given to the probe, so only the CPU is planned for"
 
 
 def parse_backend_info(info: Mapping[str, Any]) -> LlamaBackend:
@@ -474,10 +474,17 @@ def parse_backend_info(info: Mapping[str, Any]) -> LlamaBackend:
     )
 
 
-def probe_backend(info: Callable[[], Mapping[str, Any]] | None = None) -> LlamaBackend:
-    """Which GPU backends the installed llama-cpp-python was built with."""
+def probe_backend(info: BackendInfo | None) -> LlamaBackend:
+    """Which GPU backends the installed llama-cpp-python was built with.
+
+    `info` is the engine's `backend_info` (the front end passes it: this layer sits below the
+    engine and never imports it). None, or a callable that fails, gives a CPU-only backend
+    whose `error` says why, which the plan shows as a warning.
+    """
+    if info is None:
+        return LlamaBackend(backends=("CPU",), gpu_offload=False, error=NOT_ASKED)
     try:
-        raw = (info or _default_backend_info)()
+        raw = info()
     except Exception as exc:  # a broken or missing build must not stop planning
         return LlamaBackend(
             backends=("CPU",), gpu_offload=False, error=f"{type(exc).__name__}: {exc}"
@@ -502,9 +509,13 @@ def probe_machine(
     sysfs_root: str | os.PathLike[str] = "/sys/class/drm",
     psutil_module: PsutilLike | None = None,
     cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo",
-    backend_info: Callable[[], Mapping[str, Any]] | None = None,
+    backend_info: BackendInfo | None = None,
 ) -> Machine:
-    """Probe this machine: CPU, RAM, NVIDIA and AMD GPUs and the llama-cpp-python build."""
+    """Probe this machine: CPU, RAM, NVIDIA and AMD GPUs and the llama-cpp-python build.
+
+    Front ends pass the engine's `backend_info` (see `probe_backend`); without it the machine
+    is planned as CPU-only, with a warning.
+    """
     backend = probe_backend(backend_info)
     cpu, ram_total, ram_available = probe_cpu(psutil_module, cpuinfo=cpuinfo)
     devices = probe_nvidia(run, kind=_kind_for("nvidia", backend))

@@ -24,8 +24,6 @@ from localfab.hardware import (
     read_drm,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "hardware"
-
 # name -> (device name, vendor, kind, total, free, unified, usable, bandwidth) or None (no GPU)
 EXPECTED = {
     "rtx3060-laptop-6gb": (
@@ -60,12 +58,9 @@ def test_every_profile_is_covered() -> None:
     assert set(hardware.load_profiles()) == set(EXPECTED)
 
 
-def test_shipped_data_matches_the_shared_copy() -> None:
-    if not SHARED.is_dir():
-        pytest.skip("the shared hardware folder is not next to this checkout")
-    for name in ("profiles.json", "models.json"):
-        shipped = json.loads((Path(hardware.__file__).parent / "data" / name).read_text())
-        assert shipped == json.loads((SHARED / name).read_text()), name
+def test_profiles_are_read_from_the_package_data() -> None:
+    shipped = Path(hardware.__file__).parent / "data" / "profiles.json"
+    assert hardware.load_profiles() == json.loads(shipped.read_text(encoding="utf-8"))["profiles"]
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -214,12 +209,20 @@ def test_run_command_reports_missing_tools_as_none() -> None:
     assert hardware.run_command(["definitely-not-a-command-xyz"]) is None
 
 
-def test_live_probe_on_this_machine_uses_the_engine() -> None:
-    # the default backend probe goes through localfab.engine.backend_info (llama_cpp)
-    machine = probe_machine()
+def test_live_probe_on_this_machine_with_the_engines_backend_info() -> None:
+    from localfab.engine import backend_info
+
+    # the front end hands the engine's probe to the hardware layer, which never imports it
+    machine = probe_machine(backend_info=backend_info)
     assert machine.backend.error is None
     assert "CPU" in machine.backend.backends
     assert machine.cpu.physical_cores >= 1 and machine.ram_available > 0
+
+
+def test_backend_probe_without_backend_info_plans_for_the_cpu_and_says_so() -> None:
+    backend = probe_backend(None)
+    assert backend.backends == ("CPU",) and not backend.gpu_offload
+    assert backend.error == hardware.NOT_ASKED
 
 
 def test_importing_hardware_and_plan_does_not_load_llama_cpp() -> None:

@@ -276,6 +276,97 @@ def test_plan_to_dict_and_engine_settings() -> None:
     assert settings.n_gpu_layers == 19 and settings.swa_full
 
 
+def test_wishes_the_planner_cannot_honour_are_usage_errors() -> None:
+    f, m = synthetic("Llama-3.2-3B-Instruct"), gpu_machine(6 * GiB)
+    for wishes, message in (
+        (Wishes(flash_attn="maybe"), "use auto, on or off"),
+        (Wishes(type_k="q9_0"), "unknown KV cache type"),
+        (Wishes(n_ctx=-5), "at least 1 token"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            plan(f, m, wishes)
+
+
+def test_physical_batch_never_exceeds_the_logical_batch() -> None:
+    f, m = synthetic("Llama-3.2-3B-Instruct"), gpu_machine(6 * GiB)
+    small = plan(f, m, Wishes(n_batch=128))
+    assert (small.n_batch, small.n_ubatch) == (128, 128)
+    big = plan(f, m, Wishes(n_ubatch=1024))
+    assert (big.n_batch, big.n_ubatch) == (2048, 1024)
+
+
+def test_reasons_name_where_the_model_did_not_fit() -> None:
+    f = synthetic("Llama-3.1-8B-Instruct")
+    on_cpu = plan(f, cpu_machine(9 * GiB))
+    assert on_cpu.step == "ctx" and on_cpu.n_ctx < 16384
+    assert any("do not fit in memory" in r for r in on_cpu.reasons)
+    layers = plan(f, gpu_machine(3 * GiB), Wishes(n_gpu_layers=12))
+    assert layers.step == "ctx" and layers.n_gpu_layers == 12
+    assert any("do not fit with 12 layers on GPU" in r for r in layers.reasons)
+
+
+def test_gpu_layers_without_a_usable_gpu_are_ignored_with_a_warning() -> None:
+    p = plan(synthetic("Llama-3.2-3B-Instruct"), cpu_machine(), Wishes(n_gpu_layers=10))
+    assert p.n_gpu_layers == 0 and p.gpu is None and p.fits
+    assert any("-ngl 10 ignored" in w for w in p.warnings)
+
+
+def test_a_backend_probe_error_is_a_warning() -> None:
+    m = cpu_machine()
+    broken = replace_devices(
+        m, (), LlamaBackend(backends=("CPU",), gpu_offload=False, error="OSError: libllama.so")
+    )
+    p = plan(synthetic("Llama-3.2-3B-Instruct"), broken)
+    assert any("could not ask llama-cpp-python" in w and "libllama.so" in w for w in p.warnings)
+
+
+def test_two_gpus_the_plan_takes_the_one_with_most_free_memory_and_says_so() -> None:
+    from dataclasses import replace
+
+    m = gpu_machine(6 * GiB)
+    (big,) = m.devices
+    small = replace(big, index=1, name="Small GPU", free=2 * GiB)
+    two = replace_devices(m, (small, big), m.backend)
+    p = plan(synthetic("Llama-3.2-3B-Instruct"), two)
+    assert p.gpu == "GPU"
+    assert any("Planning for GPU only; Small GPU not used" in r for r in p.reasons)
+
+
+def test_window_only_sliding_cache_says_it_cannot_shift() -> None:
+    p = plan(synthetic("gemma-3-4b-it"), gpu_machine(8 * GiB), Wishes(swa_full=False))
+    assert not p.swa_full
+    assert any("swa_full off" in r and "cannot be shifted" in r for r in p.reasons)
+
+
+def test_threads_follow_physical_cores_and_hint_at_performance_cores() -> None:
+    from dataclasses import replace
+
+    m = cpu_machine()
+    hybrid = replace(m, cpu=replace(m.cpu, physical_cores=10, performance_cores=2))
+    p = plan(synthetic("Llama-3.2-3B-Instruct"), hybrid)
+    assert p.threads == 10
+    assert any("2 performance cores" in r and "--threads 2" in r for r in p.reasons)
+    asked = plan(synthetic("Llama-3.2-3B-Instruct"), hybrid, Wishes(threads=3))
+    assert asked.threads == 3 and any("3 CPU threads: as you asked." in r for r in asked.reasons)
+
+
+def test_unknown_bandwidths_are_stated_as_assumptions() -> None:
+    from dataclasses import replace
+
+    m = gpu_machine(12 * GiB)
+    unknown = replace(
+        m,
+        cpu=replace(m.cpu, bandwidth_gbs=None),
+        devices=(replace(m.devices[0], bandwidth_gbs=None),),
+    )
+    known = plan(synthetic("Llama-3.2-3B-Instruct"), m)
+    p = plan(synthetic("Llama-3.2-3B-Instruct"), unknown)
+    assert known.assumptions == ()
+    assert any("bandwidth of GPU unknown: assumed 200 GB/s" in a for a in p.assumptions)
+    assert any("RAM bandwidth unknown" in a for a in p.assumptions)
+    assert p.predicted_tok_s < known.predicted_tok_s  # 200 GB/s assumed, against 300 known
+
+
 # --- properties --------------------------------------------------------------------------------
 
 models = st.sampled_from(list(SPECS))

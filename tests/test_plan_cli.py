@@ -112,3 +112,24 @@ def test_doctor_on_this_machine_and_on_a_profile(lf_env: dict[str, str]) -> None
     assert "NOT usable" in mismatch.stdout and "-DGGML_VULKAN=on" in mismatch.stdout
     data = json.loads(lf("doctor", "--profile", "rtx3060-laptop-6gb", "--json", env=lf_env).stdout)
     assert data["devices"][0]["usable"] and data["devices"][0]["free"] == 5596 * 1024 * 1024
+
+
+def test_plan_does_not_mark_the_model_as_used(
+    model_files: dict[str, Path], lf_env: dict[str, str]
+) -> None:
+    # `localfab list` says when a model last ran; reading its header to plan is not a use
+    path = str(model_files["Qwen3-8B"])
+    added = lf("add", path, "--name", "planned-only", env=lf_env)
+    assert added.returncode == 0, added.stderr
+
+    def last_used() -> float | None:
+        done = lf("list", "--json", "--no-fit", env=lf_env)
+        assert done.returncode == 0, done.stderr
+        (entry,) = [e for e in json.loads(done.stdout) if e["name"] == "planned-only"]
+        return entry["last_used"]
+
+    before = last_used()
+    done = lf("plan", "planned-only", "--profile", "rtx3060-laptop-6gb", env=lf_env)
+    assert done.returncode == 0, done.stderr
+    assert "Plan for Qwen3-8B" in done.stdout
+    assert last_used() == before

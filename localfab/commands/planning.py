@@ -2,7 +2,8 @@
 
 Only click and light localfab modules are imported at module level; the planner, the hardware
 probes and the GGUF reader are imported inside the commands, and llama_cpp only through the
-engine's `backend_info()` when the real machine is probed.
+engine's `backend_info()`, which this front end hands to the hardware probe when the real machine
+is probed (the hardware layer sits below the engine and never imports it).
 """
 
 from __future__ import annotations
@@ -14,21 +15,26 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.errors import UsageError
+from localfab.runtime import probe_this_machine
+from localfab.units import KV_CACHE_TYPES, MiB, format_bytes
 
 if TYPE_CHECKING:
     from localfab.hardware import Machine
-    from localfab.plan import Plan
+    from localfab.plan import Plan, Wishes
 
-KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"])
-MiB = 1024 * 1024
+KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
 
 def _resolve(model: str) -> Path:
-    """MODEL -> a GGUF path: a file, the embedded `gemma3:270m`, or a registered name."""
-    from localfab.config import default_paths
-    from localfab.runtime import resolve_model
+    """MODEL -> a GGUF path: a file, the embedded `gemma3:270m`, or a registered name.
 
-    return resolve_model(model, default_paths())
+    Planning only reads the header, so this does not mark the model as used (`localfab list`
+    shows when a model last ran, not when it was last looked at).
+    """
+    from localfab.config import default_paths
+    from localfab.store import Store
+
+    return Store(default_paths()).resolve(model)
 
 
 def _machine(profile: str | None, vram: int | None, ram: int | None) -> Machine:
@@ -42,7 +48,7 @@ def _machine(profile: str | None, vram: int | None, ram: int | None) -> Machine:
     if profile:
         return hardware.machine_from_profile_name(profile)
     if vram is None and ram is None:
-        return hardware.probe_machine()
+        return probe_this_machine()
     if (vram is not None and vram < 0) or (ram is not None and ram < 0):
         raise UsageError("--vram and --ram are sizes in MiB and cannot be negative")
     cpu, ram_total, ram_available = hardware.probe_cpu()
@@ -74,18 +80,12 @@ def _machine(profile: str | None, vram: int | None, ram: int | None) -> Machine:
     )
 
 
-def _wishes(**options: Any) -> Any:
+def _wishes(**options: Any) -> Wishes:
     """Wishes from the options, with the user's config.toml / LOCALFAB_* as defaults."""
     from localfab.config import Config, default_paths
     from localfab.runtime import wishes_from_options
 
     return wishes_from_options(Config.load(default_paths()), **options)
-
-
-def _gib(n: int) -> str:
-    from localfab.plan import fmt_bytes
-
-    return fmt_bytes(n)
 
 
 def render_plan(plan: Plan, machine: Machine) -> str:
@@ -116,12 +116,12 @@ def render_plan(plan: Plan, machine: Machine) -> str:
     table = [header] + [
         (
             m.device + (" (shared RAM)" if m.unified_memory else ""),
-            _gib(m.weights),
-            _gib(m.kv),
-            _gib(m.compute),
-            _gib(m.reserve),
-            _gib(m.total),
-            _gib(m.free_left),
+            format_bytes(m.weights),
+            format_bytes(m.kv),
+            format_bytes(m.compute),
+            format_bytes(m.reserve),
+            format_bytes(m.total),
+            format_bytes(m.free_left),
         )
         for m in plan.memory
     ]
@@ -203,7 +203,8 @@ def plan(
     else:
         click.echo(render_plan(result, machine))
         if fetched is not None:
-            click.echo(f"\n(planned before download: read {fetched / MiB:.1f} MiB of the header)")
+            read = format_bytes(fetched, precise=True)
+            click.echo(f"\n(planned before download: read {read} of the header)")
 
 
 @click.command("doctor")
@@ -213,7 +214,7 @@ def doctor(profile: str | None, as_json: bool) -> None:
     """Show the devices found, their memory, and the llama-cpp-python backend; say what to fix."""
     from localfab import hardware
 
-    machine = hardware.machine_from_profile_name(profile) if profile else hardware.probe_machine()
+    machine = hardware.machine_from_profile_name(profile) if profile else probe_this_machine()
     advice = diagnose(machine)
     if as_json:
         click.echo(json.dumps(machine.to_dict() | {"advice": advice}, indent=2))
@@ -248,8 +249,8 @@ def diagnose(machine: Machine) -> list[str]:
             )
         if d.vendor == "amd" and d.kind == "rocm" and d.unified_memory:
             advice.append(
-                f"ROCm sees only the {_gib(d.vram_total or 0)} carve-out of {d.name}; Vulkan can "
-                f"also use GTT: {REBUILD['vulkan']}"
+                f"ROCm sees only the {format_bytes(d.vram_total or 0)} carve-out of {d.name}; "
+                f"Vulkan can also use GTT: {REBUILD['vulkan']}"
             )
     if machine.backend.error:
         advice.append(f"llama-cpp-python could not be queried: {machine.backend.error}")
@@ -265,16 +266,18 @@ def render_doctor(machine: Machine, advice: list[str]) -> str:
         f"Machine: {_where(machine)}",
         f"  CPU: {cpu.model}, {cpu.physical_cores} physical cores, {cpu.logical_cpus} threads"
         + (f", {cpu.bandwidth_gbs:g} GB/s" if cpu.bandwidth_gbs else ""),
-        f"  RAM: {_gib(machine.ram_available)} free of {_gib(machine.ram_total)}",
+        f"  RAM: {format_bytes(machine.ram_available)} free of {format_bytes(machine.ram_total)}",
         f"  llama-cpp-python: {b.version or ''} built for {b.label}".replace("  built", " built"),
         "",
         "GPUs" if machine.devices else "GPUs: none found",
     ]
     usable = machine.usable_devices()
     for d in machine.devices:
-        mem = f"{_gib(d.free)} free of {_gib(d.total)}"
+        mem = f"{format_bytes(d.free)} free of {format_bytes(d.total)}"
         if d.vram_total is not None:
-            mem += f" (carve-out {_gib(d.vram_total)}, GTT {_gib(d.gtt_total or 0)})"
+            mem += (
+                f" (carve-out {format_bytes(d.vram_total)}, GTT {format_bytes(d.gtt_total or 0)})"
+            )
         extra = ", shares system RAM" if d.unified_memory else ""
         use = "usable" if d in usable else "NOT usable with this build"
         bw = f", {d.bandwidth_gbs:g} GB/s" if d.bandwidth_gbs else ""
