@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from localfab import resources
 from localfab.catalog import CatalogError, load_catalog
 from localfab.store import quant_from_name
 
@@ -82,3 +83,15 @@ def test_duplicate_names_are_refused(tmp_path: Path) -> None:
     path.write_text(GOOD + GOOD.replace('repo = "o/X-GGUF"', 'repo = "o/Y-GGUF"'))
     with pytest.raises(CatalogError, match="used by both"):
         load_catalog(path)
+
+
+def test_the_shipped_catalog_is_package_data() -> None:
+    catalog = load_catalog()
+    assert catalog.path is None  # read through importlib.resources, not a path beside the code
+    assert catalog.get("qwen2.5:7b") is not None
+
+
+def test_a_missing_shipped_catalog_says_to_reinstall(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resources, "CATALOG_PACKAGE", "localfab._no_such_data")
+    with pytest.raises(CatalogError, match=r"not installed: reinstall localfab .*localfab pull"):
+        load_catalog()

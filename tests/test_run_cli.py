@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LOCALFAB
+from tests.test_store import write_tiny_gguf
 
 
 def lf(args: list[str], env: dict[str, str], *, stdin: str | None = None, timeout: float = 300):
@@ -53,49 +54,65 @@ def test_help_does_not_import_llama_cpp_or_textual():
     assert "Exit codes" in out.stdout and "130" in out.stdout
 
 
-def test_run_streams_answer_json(model_path: Path, lf_env):
+def run_json(model_path: Path, env: dict[str, str], *extra: str) -> dict:
     proc = lf(
         [
             "run",
             str(model_path),
             "The capital of France is",
-            "-n",
-            "12",
             "--temperature",
             "0",
             "--raw",
             "--json",
+            *extra,
         ],
-        lf_env,
+        env,
     )
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
-    # A reply cut at -n is continued (3 times by default) as a prefilled turn.
-    assert result["finish_reason"] == "length" and result["continues"] == 3
-    assert result["usage"]["completion_tokens"] == 48
-    assert result["timings"]["predicted_n"] == 12  # the first piece's timings
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.model
+def test_explicit_n_is_a_hard_cap(model_path: Path, lf_env):
+    # As in llama.cpp: -n 8 means at most 8 tokens, with no automatic continuation.
+    result = run_json(model_path, lf_env, "-n", "8")
+    assert result["finish_reason"] == "length" and result["continues"] == 0
+    assert result["usage"]["completion_tokens"] == 8
+    assert result["timings"]["predicted_n"] == 8
     assert result["text"].strip()
-    once = lf(
-        [
-            "run",
-            str(model_path),
-            "The capital of France is",
-            "-n",
-            "12",
-            "--temperature",
-            "0",
-            "--raw",
-            "--json",
-            "--max-continues",
-            "0",
-        ],
-        lf_env,
-    )
-    single = json.loads(once.stdout)
-    assert single["continues"] == 0 and single["usage"]["completion_tokens"] == 12
-    assert result["text"].startswith(single["text"])
 
 
+@pytest.mark.model
+def test_explicit_n_with_max_continues_continues(model_path: Path, lf_env):
+    once = run_json(model_path, lf_env, "-n", "8")
+    result = run_json(model_path, lf_env, "-n", "8", "--max-continues", "2")
+    # A reply cut at -n is continued as a prefilled turn, joining without repeats.
+    assert result["finish_reason"] == "length" and result["continues"] == 2
+    assert result["usage"]["completion_tokens"] == 24
+    assert result["timings"]["predicted_n"] == 8  # the first piece's timings
+    assert result["text"].startswith(once["text"])
+
+
+@pytest.mark.model
+def test_configured_limit_is_continued(model_path: Path, lf_env):
+    # Without -n the configured max_tokens applies, and max_continues (3) follow it.
+    env = dict(lf_env, LOCALFAB_MAX_TOKENS="8")
+    result = run_json(model_path, env)
+    assert result["finish_reason"] == "length" and result["continues"] == 3
+    assert result["usage"]["completion_tokens"] == 32
+    none = run_json(model_path, dict(env, LOCALFAB_MAX_CONTINUES="0"))
+    assert none["continues"] == 0 and none["usage"]["completion_tokens"] == 8
+
+
+def test_help_says_n_is_a_hard_cap(lf_env):
+    proc = lf(["run", "--help"], lf_env)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "a hard cap" in text
+    assert "With an explicit -n, replies are continued only if this is given too" in text
+
+
+@pytest.mark.model  # the embedded name is the real test model, loaded in the subprocess
 def test_run_embedded_name_with_template_and_verbose(lf_env):
     proc = lf(["run", "gemma3:270m", "Hello", "-n", "8", "--temperature", "0", "-v"], lf_env)
     assert proc.returncode == 0, proc.stderr
@@ -130,13 +147,14 @@ def test_not_gguf(lf_env, tmp_path):
     assert_one_clean_error(lf(["run", str(bad), "hi"], lf_env), 3, "not a GGUF file")
 
 
-def test_truncated_gguf(model_path: Path, lf_env, tmp_path):
+def test_truncated_gguf(lf_env, tmp_path):
+    whole = write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()
     cut = tmp_path / "cut.gguf"
-    with model_path.open("rb") as src, cut.open("wb") as dst:
-        dst.write(src.read(8 * 1024 * 1024))
+    cut.write_bytes(whole[: len(whole) // 2])  # the header is whole, the tensor data is not
     proc = lf(["run", str(cut), "hi"], lf_env)
     assert_one_clean_error(proc, 3, "cut.gguf")
-    assert "truncated" in proc.stderr
+    # found from the header before loading ("may be truncated" would be llama.cpp's failure)
+    assert "the file is truncated" in proc.stderr
 
 
 def test_unknown_model_name(lf_env):
@@ -159,14 +177,14 @@ def test_context_beyond_training_is_noted(model_path: Path, lf_env):
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
-def test_bad_max_tokens(model_path: Path, lf_env, value):
-    assert_one_clean_error(
-        lf(["run", str(model_path), "hi", "-n", value], lf_env), 2, "--max-tokens"
-    )
+def test_bad_max_tokens(lf_env, tmp_path, value):
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")  # refused before any model is loaded
+    assert_one_clean_error(lf(["run", str(tiny), "hi", "-n", value], lf_env), 2, "--max-tokens")
 
 
-def test_no_prompt(model_path: Path, lf_env):
-    assert_one_clean_error(lf(["run", str(model_path)], lf_env), 2, "no prompt")
+def test_no_prompt(lf_env, tmp_path):
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert_one_clean_error(lf(["run", str(tiny)], lf_env), 2, "no prompt")
 
 
 def test_context_beyond_training_warns_and_runs(model_path: Path, lf_env):
@@ -211,3 +229,20 @@ def test_ctrl_c_keeps_output_and_exits_130(model_path: Path, lf_env):
 
 def test_console_script_exists():
     assert shutil.which(str(LOCALFAB))
+
+
+@pytest.mark.model
+def test_thread_counts_below_one_are_refused_and_minus_one_is_auto(model_path: Path, lf_env):
+    base = ["run", str(model_path), "Hi", "-n", "2", "--raw"]
+    assert_one_clean_error(lf([*base, "-t", "-5"], lf_env), 2, "-t/--threads must be 1 to")
+    assert_one_clean_error(lf([*base, "-t", "5000"], lf_env), 2, "-t/--threads must be 1 to")
+    auto = lf([*base, "-t", "-1"], lf_env)
+    assert auto.returncode == 0, auto.stderr
+    env = dict(lf_env, LOCALFAB_THREADS="-2")
+    assert_one_clean_error(lf(base, env), 2, "LOCALFAB_THREADS: threads must be")
+    config = Path(lf_env["LOCALFAB_HOME"]) / "config" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("threads = -5\n")
+    assert_one_clean_error(lf(base, lf_env), 2, "config.toml: threads must be")
+    serve = lf(["serve", str(model_path), "-t", "-5", "--port", "0"], lf_env)
+    assert_one_clean_error(serve, 2, "threads must be")

@@ -10,8 +10,9 @@ from typing import Any
 import click
 
 from localfab.errors import UsageError
+from localfab.units import KV_CACHE_TYPES, usage
 
-KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"])
+KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
 
 def setup_logging(verbose: bool) -> None:
@@ -44,9 +45,9 @@ def read_prompt(words: tuple[str, ...]) -> str:
     "-n",
     "--max-tokens",
     type=int,
-    default=-1,
-    show_default=True,
-    help="Longest reply in tokens; -1 for no limit.",
+    default=None,
+    help="Longest reply in tokens, a hard cap (-1: no limit). Without -n the configured "
+    "max_tokens applies, and a reply cut at it is continued (see --max-continues).",
 )
 @click.option(
     "--temperature", "--temp", type=float, default=None, help="Sampling temperature (0: greedy)."
@@ -69,7 +70,8 @@ def read_prompt(words: tuple[str, ...]) -> str:
     "--max-continues",
     type=int,
     default=None,
-    help="Times a reply cut at --max-tokens is continued (default 3; 0 disables).",
+    help="Times a reply cut at the token limit is continued (default: config max_continues, "
+    "3; 0 disables). With an explicit -n, replies are continued only if this is given too.",
 )
 @click.option(
     "--raw", is_flag=True, help="Send the prompt as plain text, without the chat template."
@@ -87,7 +89,7 @@ def run(
     model: str,
     prompt: tuple[str, ...],
     system: str | None,
-    max_tokens: int,
+    max_tokens: int | None,
     temperature: float | None,
     top_k: int | None,
     top_p: float | None,
@@ -117,7 +119,7 @@ def run(
     from localfab.runtime import load_model, plan_for, resolve_model, wishes_from_options
 
     setup_logging(verbose)
-    if max_tokens == 0 or max_tokens < -1:
+    if max_tokens is not None and (max_tokens == 0 or max_tokens < -1):
         raise UsageError(
             f"--max-tokens must be a positive number or -1 (no limit), not {max_tokens}"
         )
@@ -163,6 +165,11 @@ def run(
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
 
+    # An explicit -n is a hard cap, as in llama.cpp; only the configured default limit is
+    # continued automatically, unless --max-continues asks for it too.
+    continues = pick(max_continues, config.max_continues if max_tokens is None else 0)
+    max_tokens = pick(max_tokens, config.max_tokens)
+
     sampling = SamplingParams(
         temperature=pick(temperature, config.temperature),
         top_k=pick(top_k, config.top_k),
@@ -175,7 +182,7 @@ def run(
         engine,
         loaded.prompts,
         system=None if raw else system,
-        max_continues=pick(max_continues, config.max_continues),
+        max_continues=continues,
     )
     if raw:
         tokens = loaded.prompts.raw(text if system is None else f"{system}\n\n{text}")
@@ -210,11 +217,7 @@ def run(
             "stop_type": reply.stop_type,
             "stopping_word": last.stopping_word,
             "continues": reply.continues,
-            "usage": {
-                "prompt_tokens": len(tokens),
-                "completion_tokens": reply.completion_tokens,
-                "total_tokens": len(tokens) + reply.completion_tokens,
-            },
+            "usage": usage(len(tokens), reply.completion_tokens),
             "timings": reply.timings.to_dict(),
         }
         out.write(json.dumps(result, ensure_ascii=False) + "\n")

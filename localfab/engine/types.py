@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+from localfab.units import KV_CACHE_TYPES, SAMPLING, completion_tokens, usage
 
 FlashAttn = Literal["auto", "on", "off"]
 FinishReason = Literal["stop", "length", "cancelled"]
 
-# KV cache element types by their llama.cpp names (-ctk / -ctv).
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# KV cache element types by their llama.cpp names (-ctk / -ctv): the one list, in units.
+KV_TYPES = KV_CACHE_TYPES
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,12 @@ class EngineSettings:
 class SamplingParams:
     """Sampling knobs with llama-server's meanings; temperature <= 0 is greedy."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
+    temperature: float = SAMPLING.temperature
+    top_k: int = SAMPLING.top_k
+    top_p: float = SAMPLING.top_p
+    min_p: float = SAMPLING.min_p
+    repeat_penalty: float = SAMPLING.repeat_penalty
+    repeat_last_n: int = SAMPLING.repeat_last_n
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     seed: int = -1  # -1: a random seed
@@ -144,12 +146,13 @@ class Done:
     pending: bytes = b""  # an incomplete UTF-8 character at the end, for a continuation
 
     @property
-    def usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": len(self.tokens),
-            "total_tokens": self.prompt_tokens + len(self.tokens),
-        }
+    def completion_tokens(self) -> int:
+        """Sampled tokens, the end-of-generation one included, as llama-server counts them."""
+        return completion_tokens(len(self.tokens), self.stop_type)
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        return usage(self.prompt_tokens, self.completion_tokens)
 
     def to_dict(self) -> dict[str, object]:
         return {

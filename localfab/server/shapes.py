@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localfab import units
 from localfab.engine.types import Done, TokenProbs
 from localfab.server.errors import dumps
 
@@ -41,13 +42,7 @@ def finish_reason(done: Done) -> str:
 
 
 def usage(done: Done) -> dict[str, Any]:
-    n_gen = done.timings.predicted_n
-    return {
-        "completion_tokens": n_gen,
-        "prompt_tokens": done.prompt_tokens,
-        "total_tokens": n_gen + done.prompt_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.timings.cache_n},
-    }
+    return units.usage(done.prompt_tokens, done.completion_tokens, cached=done.timings.cache_n)
 
 
 # --- token probabilities (n_probs / logprobs) ------------------------------------------------
