@@ -1,4 +1,9 @@
-"""Shared fixtures: the real test model, written out once per test run."""
+"""Shared fixtures: the real test model, written out once per test run; the test tiers.
+
+Tiers: `model` marks every test that loads the real test model (any test using the `model_path`
+or `engine` fixture gets it here, automatically); `slow` marks tests that take seconds even
+without it. The developer loop is `scripts/test -m "not model"`; CI runs everything.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALFAB = Path(sys.executable).with_name("localfab")
+
+# Fixtures that load the real test model: a test needing any of them belongs to the `model` tier.
+MODEL_FIXTURES = frozenset({"model_path", "engine"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pyproject.toml registers `model`; `slow` is registered here too so that it always exists.
+    config.addinivalue_line("markers", "slow: takes seconds even without the real test model")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `model` every test whose fixture closure loads the real test model."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture(scope="session")

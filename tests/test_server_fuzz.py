@@ -1,13 +1,19 @@
 """Fuzzing the generation endpoints: >= 1000 generated bodies, no 5xx, /health stays ok.
 
-Every generated body asks for at most 2 tokens (or is invalid), so the run stays short on a
-2-core machine. The only 5xx llama-server documents for these endpoints are 501/503, which a
-loaded server without --embeddings never gives here, so any 5xx fails.
+Every generated body asks for at most 2 tokens (or is invalid), and the server caps the rest
+(-n 2), so the run stays short on a 2-core machine. The only 5xx llama-server documents for
+these endpoints are 501/503, which a loaded server without --embeddings never gives here, so
+any 5xx fails.
+
+Each test gets its own server, with an empty KV cache, and checks /health itself at its end: no
+test's outcome depends on which ran before it.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,32 +26,54 @@ from hypothesis import strategies as st
 from localfab.server import ServerSettings, create_app
 from localfab.server.runner import BackgroundServer
 
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
 FUZZ = settings(
     max_examples=500,
     deadline=None,
     derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
+def wait_healthy(http: httpx.Client, timeout: float = 60) -> None:
+    """Return once /health answers 200; fail the test if it does not within `timeout`."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        r = http.get("/health")
+        if r.status_code == 200:
+            return
+        last = f"{r.status_code} {r.text}"
+        time.sleep(0.05)
+    pytest.fail(f"the server did not become healthy within {timeout} s (last: {last})")
+
+
 @pytest.fixture(scope="module")
-def client(model_path: Path) -> Iterator[httpx.Client]:
+def loaded(model_path: Path) -> Iterator[Any]:
     from localfab.engine import EngineSettings
     from localfab.runtime import load_model
 
     model = load_model(model_path, EngineSettings(n_ctx=2048, n_batch=512))
-    server = BackgroundServer(create_app(model, ServerSettings(max_body_bytes=256 * 1024)))
-    server.start()
-    with httpx.Client(base_url=server.url, timeout=120) as http:
-        for _ in range(600):
-            if http.get("/health").status_code == 200:
-                break
-            import time
-
-            time.sleep(0.05)
-        yield http
-    server.stop()
+    yield model
     model.close()
+
+
+@pytest.fixture()
+def client(loaded: Any) -> Iterator[httpx.Client]:
+    """A fresh server on the shared model, with an empty KV cache, for each test."""
+    loaded.engine.clear_cache()
+    # -n 2 caps every reply, also those whose body leaves the limit out or sets it to null
+    # (unlimited: a reply that can run to the end of the window, minutes on a busy machine).
+    settings = ServerSettings(max_body_bytes=256 * 1024, n_predict=2)
+    server = BackgroundServer(create_app(loaded, settings))
+    server.start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            wait_healthy(http)
+            yield http
+    finally:
+        server.stop()
 
 
 json_leaf = st.one_of(
@@ -132,38 +160,75 @@ def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
         r.json()
 
 
-@FUZZ
-@given(prompt=prompts, options=_options(), path=st.sampled_from(["/completion", "/v1/completions"]))
-def test_fuzz_completion(client: httpx.Client, prompt: Any, options: dict, path: str):
-    _post(client, path, _limit({"prompt": prompt, **options}))
-
-
-@FUZZ
-@given(
-    msgs=messages,
-    options=_options(),
-    fmt=st.one_of(st.none(), json_any),
-    logprobs=st.one_of(st.none(), st.booleans(), json_leaf),
-    top=st.one_of(st.none(), st.integers(-2, 4), json_leaf),
-)
-def test_fuzz_chat(
-    client: httpx.Client, msgs: Any, options: dict, fmt: Any, logprobs: Any, top: Any
-):
-    body = _limit({"messages": msgs, **options})
-    if fmt is not None:
-        body["response_format"] = fmt
-    for key, value in (("logprobs", logprobs), ("top_logprobs", top)):
-        if value is not None:
-            body[key] = value
-    _post(client, "/v1/chat/completions", body)
-
-
-@FUZZ
-@given(raw=st.binary(max_size=200))
-def test_fuzz_raw_bytes(client: httpx.Client, raw: bytes):
-    r = client.post("/v1/chat/completions", content=raw)
-    assert r.status_code < 500, (raw, r.text)
-
-
-def test_health_still_ok_after_fuzzing(client: httpx.Client):
+def assert_still_healthy(client: httpx.Client) -> None:
     assert client.get("/health").json() == {"status": "ok"}
+    r = client.post("/completion", json={"prompt": "Hi", "n_predict": 1, "temperature": 0})
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 1
+
+
+def test_fuzz_completion(client: httpx.Client):
+    @FUZZ
+    @given(
+        prompt=prompts,
+        options=_options(),
+        path=st.sampled_from(["/completion", "/v1/completions"]),
+    )
+    def one(prompt: Any, options: dict, path: str) -> None:
+        _post(client, path, _limit({"prompt": prompt, **options}))
+
+    one()
+    assert_still_healthy(client)
+
+
+def test_fuzz_chat(client: httpx.Client):
+    @FUZZ
+    @given(
+        msgs=messages,
+        options=_options(),
+        fmt=st.one_of(st.none(), json_any),
+        logprobs=st.one_of(st.none(), st.booleans(), json_leaf),
+        top=st.one_of(st.none(), st.integers(-2, 4), json_leaf),
+    )
+    def one(msgs: Any, options: dict, fmt: Any, logprobs: Any, top: Any) -> None:
+        body = _limit({"messages": msgs, **options})
+        if fmt is not None:
+            body["response_format"] = fmt
+        for key, value in (("logprobs", logprobs), ("top_logprobs", top)):
+            if value is not None:
+                body[key] = value
+        _post(client, "/v1/chat/completions", body)
+
+    one()
+    assert_still_healthy(client)
+
+
+def test_fuzz_raw_bytes(client: httpx.Client):
+    @FUZZ
+    @given(raw=st.binary(max_size=200))
+    def one(raw: bytes) -> None:
+        r = client.post("/v1/chat/completions", content=raw)
+        assert r.status_code < 500, (raw, r.text)
+
+    one()
+    assert_still_healthy(client)
+
+
+def test_a_server_that_never_gets_healthy_fails_the_fixture(loaded: Any):
+    """The wait gives up with a failure, rather than handing the tests a server that is down."""
+    gate = threading.Event()
+
+    def stuck_loader() -> Any:
+        gate.wait(60)
+        return loaded
+
+    stuck = BackgroundServer(create_app(stuck_loader, ServerSettings(), close_model=False))
+    stuck.start()
+    try:
+        with (
+            httpx.Client(base_url=stuck.url, timeout=10) as http,
+            pytest.raises(pytest.fail.Exception, match="did not become healthy"),
+        ):
+            wait_healthy(http, timeout=0.5)
+    finally:
+        gate.set()
+        stuck.stop()
