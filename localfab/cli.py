@@ -41,19 +41,34 @@ class LocalfabGroup(click.Group):
 
 
 @click.group(
-    cls=LocalfabGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+    cls=LocalfabGroup,
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    invoke_without_command=True,
 )
 @click.version_option(__version__, prog_name="localfab")
-def cli() -> None:
-    """Run GGUF models well on small hardware."""
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Run GGUF models well on small hardware.
+
+    With no command on a terminal, opens the chat app on the last used model.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        # As click does for a group called without a command: the help, exit code 2.
+        raise click.exceptions.NoArgsIsHelpError(ctx)
+    from localfab.commands.chat import last_used_model, open_app
+
+    open_app(last_used_model())
 
 
 def _register() -> None:
     # Each module imports only click and light modules at import time (`--help` stays instant).
-    from localfab.commands import models, planning, run, serve
+    from localfab.commands import chat, models, planning, run, serve
 
     cli.add_command(run.run)
-    for module in (planning, models, serve):
+    for module in (chat, planning, models, serve):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -1,0 +1,140 @@
+"""`localfab chat`: the terminal app (also what `localfab` alone opens on a terminal)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from localfab.errors import UsageError
+
+if TYPE_CHECKING:
+    from localfab.chat.history import History
+
+
+def last_used_model() -> str | None:
+    """The model used most recently, for `localfab` with no arguments."""
+    from localfab.config import default_paths
+    from localfab.store import Store
+
+    try:
+        entries = [e for e in Store(default_paths()).list() if e.last_used and e.present]
+    except Exception:  # a damaged registry must not keep the app from opening
+        return None
+    if not entries:
+        return None
+    return max(entries, key=lambda e: e.last_used or 0.0).name
+
+
+def open_history(path: Path) -> tuple[History, str | None]:
+    """The chat history, or an in-memory one with the reason when the file cannot be used.
+
+    A locked or damaged database is left as it is (nothing in it is lost or overwritten); the
+    app then runs with chats that are not saved, and says so.
+    """
+    from localfab.chat.history import History
+
+    try:
+        return History(path), None
+    except sqlite3.Error as exc:
+        reason = (
+            f"the chat history {path} cannot be opened ({exc}); this session's chats will not be "
+            "saved. If another localfab is running, close it; if the file is damaged, move it "
+            "aside to start a new one."
+        )
+        return History(Path(":memory:")), reason
+
+
+def open_app(
+    model: str | None,
+    *,
+    session_id: int | None = None,
+    new: bool = False,
+    system: str | None = None,
+    ctx_size: int | None = None,
+    theme: str | None = None,
+) -> None:
+    """Build the app for MODEL (or a saved session) and run it until the user quits."""
+    from localfab.config import Config, default_paths
+    from localfab.engine import SamplingParams
+    from localfab.tui.app import make_app
+    from localfab.tui.backend import ChatOptions, LocalBackend, model_loader
+    from localfab.tui.models import LocalModels
+
+    paths = default_paths()
+    config = Config.load(paths)
+    history, problem = open_history(paths.sessions_db)
+    if session_id is not None:
+        stored = history.session(session_id)
+        if stored is None:
+            raise UsageError(f"no saved chat {session_id}: the app's Chats panel lists them")
+        model = model or stored.model or None
+    if new:
+        session_id = None
+    options = ChatOptions(
+        max_tokens=config.max_tokens,
+        max_continues=config.max_continues,
+        sampling=SamplingParams(
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            min_p=config.min_p,
+            repeat_penalty=config.repeat_penalty,
+        ),
+    )
+
+    def backend_for(name: str) -> LocalBackend:
+        return LocalBackend(
+            model_loader(name, paths, config, ctx_size=ctx_size), history, name, options
+        )
+
+    backend = backend_for(model) if model else None
+    app = make_app(
+        models=LocalModels(paths),
+        backend_factory=backend_for,
+        notices=(problem,) if problem else (),
+        backend=backend,
+        history=history,
+        model_name=model,
+        session_id=session_id,
+        system=system,
+        theme=theme,
+        themes_dir=paths.themes_dir,
+    )
+    try:
+        app.run()
+    finally:
+        if app.backend is not None:  # the model the user ended on
+            app.backend.close()
+        history.close()
+
+
+@click.command()
+@click.argument("model", required=False)
+@click.option("--session", "session_id", type=int, help="Resume this saved chat.")
+@click.option("--new", is_flag=True, help="Start a new chat (the default unless --session).")
+@click.option("--system", "-s", help="System prompt for a new chat.")
+@click.option("-c", "--ctx-size", type=int, default=None, help="Context window in tokens.")
+@click.option("--theme", help="Theme name (localfab-dark, localfab-light, ...).")
+def chat(
+    model: str | None,
+    session_id: int | None,
+    new: bool,
+    system: str | None,
+    ctx_size: int | None,
+    theme: str | None,
+) -> None:
+    """Chat with MODEL in the terminal app (a registered name, a .gguf path or gemma3:270m).
+
+    With --session ID the saved chat is resumed on its own model unless MODEL is given.
+    """
+    if session_id is not None and new:
+        raise UsageError("--session and --new cannot be used together")
+    if ctx_size is not None and ctx_size < 16:
+        raise UsageError(f"--ctx-size {ctx_size} is too small; use at least 16")
+    open_app(model, session_id=session_id, new=new, system=system, ctx_size=ctx_size, theme=theme)
+
+
+COMMANDS = [chat]

@@ -1,0 +1,339 @@
+"""What the terminal app needs from a model, as a small interface, and its local implementation.
+
+The app never calls the engine directly: it talks to a `ChatBackend`. `LocalBackend` runs a
+`ChatSession` over a model loaded in this process; a fake engine (`localfab.tui.fake`) stands in
+for llama.cpp in tests, and a later backend can stream from a remote OpenAI-compatible server.
+Nothing here imports textual or llama_cpp: loaders import the engine inside the worker that
+calls them, after the first frame is painted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from localfab.chat.history import History
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.chat.session import ChatSession
+    from localfab.config import Config, Paths
+    from localfab.engine import SamplingParams
+
+
+class LoadCancelled(Exception):
+    """The user cancelled a model load."""
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """One step of loading a model: what is happening and, where known, how far it is."""
+
+    stage: str
+    fraction: float | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the status bar and the load screen show about a loaded model."""
+
+    name: str
+    path: str
+    n_ctx: int
+    gpu_layers: int
+    total_layers: int
+    plan: tuple[str, ...] = ()
+    notices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StoredTurn:
+    """A message of a resumed session, as the chat view shows it."""
+
+    role: str
+    content: str
+    status: str = "complete"
+
+
+@dataclass(frozen=True)
+class ReplyText:
+    """Text the model added to the reply (a few tokens)."""
+
+    text: str
+    tokens: int = 1
+
+
+@dataclass(frozen=True)
+class WindowShifted:
+    """Whole oldest turns left the context window; the system prompt stayed."""
+
+    turns: int
+    tokens: int
+    reprocessed: bool = False
+
+
+@dataclass(frozen=True)
+class ReplyContinued:
+    """The reply hit the token limit and is being continued automatically."""
+
+    count: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class ReplyFinished:
+    """The end of a reply: why it stopped and how fast it was."""
+
+    text: str
+    finish_reason: str  # "stop", "length" (cut at the token limit) or "cancelled"
+    completion_tokens: int
+    ttft_ms: float
+    tokens_per_second: float
+    continues: int = 0
+
+
+ReplyEvent = ReplyText | WindowShifted | ReplyContinued | ReplyFinished
+ProgressCallback = Callable[[LoadProgress], None]
+
+
+class ChatBackend(Protocol):
+    """A model the app can chat with. Every method but `context_usage` runs in a worker."""
+
+    def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelInfo:
+        """Load the model, reporting progress; raise `LoadCancelled` when `cancel` is set."""
+        ...
+
+    def open_session(self, *, session_id: int | None, system: str | None) -> list[StoredTurn]:
+        """Start a new chat (None) or resume a stored one; returns the messages it holds."""
+        ...
+
+    @property
+    def session_id(self) -> int | None:
+        """The stored session the chat is written to."""
+        ...
+
+    def send(self, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
+        """Send a user message and stream the reply."""
+        ...
+
+    def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
+        """Continue the last reply from where it stopped."""
+        ...
+
+    def context_usage(self) -> tuple[int, int]:
+        """Tokens the chat holds in the window, and the window's size."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Loaded:
+    """What a loader hands to `LocalBackend`: an engine and its prompt builder."""
+
+    engine: Any
+    prompts: PromptBuilder
+    info: ModelInfo
+    close: Callable[[], None] = lambda: None
+
+
+Loader = Callable[[ProgressCallback, threading.Event], Loaded]
+
+
+@dataclass
+class ChatOptions:
+    """Per-session generation settings."""
+
+    max_tokens: int = -1
+    max_continues: int = 3
+    sampling: SamplingParams | None = None
+    reply_reserve: int | None = None
+
+
+@dataclass
+class LocalBackend:
+    """A ChatSession over a model loaded in this process (or over a fake engine in tests)."""
+
+    loader: Loader
+    history: History | None
+    model_name: str
+    options: ChatOptions = field(default_factory=ChatOptions)
+    _loaded: Loaded | None = None
+    _session: ChatSession | None = None
+
+    def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelInfo:
+        loaded = self.loader(progress, cancel)
+        if cancel.is_set():
+            loaded.close()
+            raise LoadCancelled()
+        self._loaded = loaded
+        return loaded.info
+
+    def _require(self) -> Loaded:
+        if self._loaded is None:
+            raise RuntimeError("no model is loaded")
+        return self._loaded
+
+    def open_session(self, *, session_id: int | None, system: str | None) -> list[StoredTurn]:
+        from localfab.chat.session import ChatSession
+
+        loaded = self._require()
+        if session_id is not None and self.history is not None:
+            self._session = ChatSession.resume(
+                self.history,
+                session_id,
+                loaded.engine,
+                loaded.prompts,
+                max_continues=self.options.max_continues,
+                reply_reserve=self.options.reply_reserve,
+            )
+            stored = self.history.messages(session_id)
+            return [StoredTurn(m.role, m.content, m.status) for m in stored]
+        # The chat is stored from its first message on: an opened, unused chat leaves no trace.
+        self._session = ChatSession(
+            loaded.engine,
+            loaded.prompts,
+            system=system,
+            max_continues=self.options.max_continues,
+            reply_reserve=self.options.reply_reserve,
+        )
+        return []
+
+    @property
+    def session_id(self) -> int | None:
+        return None if self._session is None else self._session.session_id
+
+    def _chat(self) -> ChatSession:
+        if self._session is None:
+            self.open_session(session_id=None, system=None)
+        assert self._session is not None
+        return self._session
+
+    def send(self, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
+        chat = self._chat()
+        if chat.history is None and self.history is not None:
+            chat.history = self.history
+            chat.session_id = self.history.create_session(model=self.model_name, system=chat.system)
+        events = chat.send(
+            text,
+            max_tokens=self.options.max_tokens,
+            sampling=self.options.sampling,
+            cancel=cancel,
+        )
+        yield from _translate(events)
+
+    def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
+        chat = self._chat()
+        events = chat.continue_reply(
+            max_tokens=self.options.max_tokens, sampling=self.options.sampling, cancel=cancel
+        )
+        yield from _translate(events)
+
+    def context_usage(self) -> tuple[int, int]:
+        chat = self._session
+        if chat is None:
+            info = self._loaded.info if self._loaded else None
+            return 0, info.n_ctx if info else 0
+        return len(chat.expected_cache), chat.n_ctx
+
+    def close(self) -> None:
+        if self._loaded is not None:
+            self._loaded.close()
+            self._loaded = None
+        self._session = None
+
+
+def _translate(events: Iterator[Any]) -> Iterator[ReplyEvent]:
+    """ChatSession's events as the app's events, with the live figures the status bar shows."""
+    from localfab.chat.session import Continued, Reply, Shifted
+
+    for event in events:
+        if isinstance(event, Reply):
+            steps = sum(max(0, p.timings.predicted_n - 1) for p in event.pieces)
+            decode_ms = sum(p.timings.predicted_ms for p in event.pieces)
+            yield ReplyFinished(
+                text=event.text,
+                finish_reason=event.finish_reason,
+                completion_tokens=event.completion_tokens,
+                ttft_ms=event.timings.ttft_ms,
+                tokens_per_second=steps / decode_ms * 1e3 if decode_ms > 0 else 0.0,
+                continues=event.continues,
+            )
+        elif isinstance(event, Shifted):
+            yield WindowShifted(event.turns, event.tokens, event.reprocessed)
+        elif isinstance(event, Continued):
+            yield ReplyContinued(event.count, event.limit)
+        elif event.text:
+            yield ReplyText(event.text)
+
+
+def model_loader(
+    name: str,
+    paths: Paths,
+    config: Config,
+    *,
+    ctx_size: int | None = None,
+) -> Loader:
+    """The loader for a model name or path: resolve, plan for this machine, load."""
+
+    def load(progress: ProgressCallback, cancel: threading.Event) -> Loaded:
+        from localfab.runtime import load_model, plan_for, resolve_model, wishes_from_options
+
+        progress(LoadProgress("finding the model", 0.0, name))
+        path = resolve_model(name, paths)
+        if cancel.is_set():
+            raise LoadCancelled()
+        progress(LoadProgress("planning the load", 0.05, str(path)))
+        chosen, _machine = plan_for(path, wishes_from_options(config, ctx_size=ctx_size))
+        chosen.require_fit()
+        plan_lines = plan_summary(chosen)
+        # llama.cpp's own load progress needs a callback the engine does not take yet: until it
+        # does, this step shows as under way without a fraction.
+        progress(LoadProgress("loading weights", None, " · ".join(plan_lines)))
+        if cancel.is_set():
+            raise LoadCancelled()
+        from localfab.engine import EngineSettings
+
+        started = time.monotonic()
+        loaded = load_model(path, EngineSettings(**chosen.settings_kwargs()))
+        if cancel.is_set():
+            loaded.close()
+            raise LoadCancelled()
+        progress(LoadProgress("ready", 1.0, f"loaded in {time.monotonic() - started:.1f} s"))
+        info = ModelInfo(
+            name=name,
+            path=str(path),
+            n_ctx=loaded.engine.n_ctx,
+            gpu_layers=chosen.repeating_layers_on_gpu,
+            total_layers=chosen.n_layer,
+            plan=tuple(plan_lines),
+            notices=tuple(loaded.notices),
+        )
+        return Loaded(loaded.engine, loaded.prompts, info, loaded.close)
+
+    return load
+
+
+def plan_summary(chosen: Any) -> list[str]:
+    """A few short lines that say what the planner chose and why."""
+    where = f"{chosen.repeating_layers_on_gpu}/{chosen.n_layer} layers on {chosen.gpu}"
+    if not chosen.gpu:
+        where = "CPU only"
+    lines = [
+        f"context {chosen.n_ctx}",
+        f"KV {chosen.type_k}/{chosen.type_v}",
+        where,
+        f"~{chosen.predicted_tok_s:.0f} tok/s predicted",
+    ]
+    return lines + [str(r) for r in chosen.reasons[:2]]
+
+
+def model_display_name(name: str | None, path: Path | None = None) -> str:
+    """A short name for the status bar."""
+    if name:
+        return name
+    return path.name if path else "no model"

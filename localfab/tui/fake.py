@@ -1,0 +1,248 @@
+"""A scripted stand-in for the llama.cpp engine, for pilot tests and the TUI benchmark.
+
+`FakeEngine` speaks the engine's interface as `ChatSession` uses it (tokenize, stream, shift,
+evaluate), so the app's real chat path (window fitting, context shift, continuation, history)
+runs unchanged on top of it; only token generation is scripted. Replies come from a function of
+the last user message, one small text piece per token, at a set pace.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from localfab.engine.types import Done, Timings, TokenEvent
+from localfab.errors import ModelError
+from localfab.templates import BUILTIN_TEMPLATES
+from localfab.tui.backend import LoadCancelled, Loaded, LoadProgress, ModelInfo, ProgressCallback
+
+SPECIALS = ("<bos>", "<eos>", "<|im_start|>", "<|im_end|>")
+_SPECIAL_RE = re.compile("|".join(re.escape(s) for s in SPECIALS))
+# Word-ish pieces of at most six characters, like a small BPE vocabulary.
+_PIECE_RE = re.compile(r" ?[^\s]{1,6}|\s")
+_ASSISTANT = "<|im_start|>assistant\n"
+_USER = "<|im_start|>user\n"
+
+SAMPLE_REPLY = """Here is a short answer with a table and some code.
+
+| model | size | tok/s |
+|-------|-----:|------:|
+| gemma3:270m | 241 MB | 180 |
+| qwen3:4b | 2.5 GB | 32 |
+
+```python
+def greet(name: str) -> str:
+    return f"hello, {name}"
+```
+
+中文也可以：模型在本地运行。
+"""
+
+
+def default_reply(prompt: str) -> str:
+    """The reply the fake gives when a test does not script one."""
+    del prompt
+    return SAMPLE_REPLY
+
+
+class FakeEngine:
+    """Scripted generation with the engine's interface."""
+
+    architecture = "fake"
+    add_bos = True
+    bos_token = 0
+    eos_token = 1
+
+    def __init__(
+        self,
+        reply: Callable[[str], str] = default_reply,
+        *,
+        n_ctx: int = 4096,
+        delay: float = 0.002,
+        hold_after: int | None = None,
+    ) -> None:
+        self.reply = reply
+        self.n_ctx = n_ctx
+        self.n_ctx_train = n_ctx
+        self.delay = delay
+        # After this many tokens of a reply, wait for `release` (or a cancel): lets a test act
+        # while a reply is known to be mid-stream.
+        self.hold_after = hold_after
+        self.release = threading.Event()
+        self.can_shift = True
+        self.closed = False
+        self._pieces: list[str] = list(SPECIALS)
+        self._ids: dict[str, int] = {p: i for i, p in enumerate(self._pieces)}
+        self._cached: list[int] = []
+        self._lock = threading.Lock()
+
+    # --- tokenizer ----------------------------------------------------------------------------
+
+    def chat_template(self) -> str | None:
+        return BUILTIN_TEMPLATES["chatml"]
+
+    def _id(self, piece: str) -> int:
+        with self._lock:
+            if piece not in self._ids:
+                self._ids[piece] = len(self._pieces)
+                self._pieces.append(piece)
+            return self._ids[piece]
+
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
+        out = [self.bos_token] if add_special else []
+        pos = 0
+        specials = list(_SPECIAL_RE.finditer(text)) if parse_special else []
+        for match in [*specials, None]:
+            end = match.start() if match else len(text)
+            out.extend(self._id(p) for p in _PIECE_RE.findall(text[pos:end]))
+            if match:
+                out.append(self._ids[match.group()])
+                pos = match.end()
+        return out
+
+    def token_text(self, token: int) -> str:
+        return self._pieces[token]
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        if token < len(SPECIALS) and not special:
+            return b""
+        return self._pieces[token].encode()
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        return b"".join(self.token_bytes(t, special=special) for t in tokens).decode()
+
+    # --- cache --------------------------------------------------------------------------------
+
+    def evaluate(self, tokens: Sequence[int]) -> int:
+        self._cached = list(tokens)
+        return len(tokens)
+
+    def shift_to(self, target: Sequence[int]) -> tuple[int, int]:
+        old = self._cached
+        same = 0
+        while same < min(len(old), len(target)) and old[same] == target[same]:
+            same += 1
+        self._cached = list(target)
+        return same, same + max(0, len(old) - len(target))
+
+    def close(self) -> None:
+        self.closed = True
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def _script(self, prompt: Sequence[int]) -> list[int]:
+        """Tokens still to generate: the scripted reply after what the prompt already holds."""
+        text = self.detokenize(prompt, special=True)
+        user = text.rsplit(_USER, 1)[-1].split("<|im_end|>", 1)[0] if _USER in text else text
+        prefix = text.rsplit(_ASSISTANT, 1)[-1] if _ASSISTANT in text else ""
+        full = self.reply(user)
+        rest = full[len(prefix) :] if full.startswith(prefix) else ""
+        return self.tokenize(rest, add_special=False)
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int = -1,
+        sampling: Any = None,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+        on_context_full: Callable[[list[int]], list[int] | None] | None = None,
+        carry: bytes = b"",
+    ) -> Iterator[TokenEvent | Done]:
+        del sampling, stop, carry
+        started = time.monotonic()
+        script = self._script(prompt)
+        generated: list[int] = []
+        used = len(prompt)
+        first_at: float | None = None
+        finish, stop_type = "stop", "eos"
+        for token in script:
+            if cancel is not None and cancel.is_set():
+                finish, stop_type = "cancelled", "cancel"
+                break
+            if max_tokens > 0 and len(generated) >= max_tokens:
+                finish, stop_type = "length", "limit"
+                break
+            if used + 1 >= self.n_ctx:
+                moved = on_context_full(generated + [token]) if on_context_full else None
+                if moved is None:
+                    finish, stop_type = "length", "context"
+                    break
+                used = len(moved)
+            if self.hold_after is not None and len(generated) == self.hold_after:
+                while not self.release.wait(0.01):
+                    if cancel is not None and cancel.is_set():
+                        break
+                if cancel is not None and cancel.is_set():
+                    finish, stop_type = "cancelled", "cancel"
+                    break
+            if self.delay:
+                if cancel is not None:
+                    cancel.wait(self.delay)
+                else:
+                    time.sleep(self.delay)
+            generated.append(token)
+            used += 1
+            if first_at is None:
+                first_at = time.monotonic()
+            yield TokenEvent(token, self._pieces[token])
+        end = time.monotonic()
+        first = first_at or end
+        if stop_type != "eos" and generated:
+            # As the real engine: the last token was sampled but not yet decoded.
+            self._cached = list(prompt) + generated[:-1]
+        else:
+            self._cached = list(prompt) + generated
+        timings = Timings(
+            prompt_n=len(prompt),
+            prompt_ms=(first - started) * 1e3,
+            predicted_n=len(generated),
+            predicted_ms=(end - first) * 1e3,
+            ttft_ms=(first - started) * 1e3,
+        )
+        yield Done(
+            text=self.detokenize(generated),
+            finish_reason=finish,  # type: ignore[arg-type]
+            stop_type=stop_type,
+            tokens=tuple(generated),
+            timings=timings,
+            prompt_tokens=len(prompt),
+        )
+
+
+def fake_loader(
+    engine: FakeEngine | None = None,
+    *,
+    name: str = "fake-model",
+    steps: int = 5,
+    step_delay: float = 0.0,
+    fail: str | None = None,
+) -> Callable[[ProgressCallback, threading.Event], Loaded]:
+    """A loader that 'loads' `engine` in `steps` reported steps, or fails with `fail`."""
+    from localfab.chat.prompt import PromptBuilder
+
+    def load(progress: ProgressCallback, cancel: threading.Event) -> Loaded:
+        eng = engine or FakeEngine()
+        for i in range(steps):
+            if cancel.wait(step_delay) if step_delay else cancel.is_set():
+                raise LoadCancelled()
+            progress(LoadProgress("loading weights", i / steps, f"step {i + 1} of {steps}"))
+        if fail:
+            raise ModelError(fail)
+        info = ModelInfo(
+            name=name,
+            path=f"/models/{name}.gguf",
+            n_ctx=eng.n_ctx,
+            gpu_layers=0,
+            total_layers=18,
+            plan=(f"context {eng.n_ctx}", "KV f16/f16", "CPU only"),
+        )
+        return Loaded(eng, PromptBuilder(eng), info, eng.close)  # type: ignore[arg-type]
+
+    return load

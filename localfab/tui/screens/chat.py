@@ -1,0 +1,575 @@
+"""The chat screen: the conversation, the prompt box, the sessions panel and the status bar.
+
+Slow work runs in thread workers: loading the model, opening a session (which rebuilds the KV
+cache) and generating. A reply's events go from the worker into an inbox that a frame timer
+drains, so the UI gets one batch of text per frame however fast tokens come, and the Markdown
+widget appends each batch (it re-parses only the last block, never the whole reply).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Button, Footer, Label, ProgressBar, Static
+
+from localfab.errors import LocalfabError
+from localfab.tui.backend import (
+    ChatBackend,
+    LoadCancelled,
+    LoadProgress,
+    ModelInfo,
+    ReplyContinued,
+    ReplyEvent,
+    ReplyFinished,
+    ReplyText,
+    StoredTurn,
+    WindowShifted,
+)
+from localfab.tui.widgets.dialogs import ErrorDialog, TextDialog
+from localfab.tui.widgets.messages import MessageView, ShiftDivider
+from localfab.tui.widgets.prompt import PromptBox
+from localfab.tui.widgets.sessions import SessionsPanel
+from localfab.tui.widgets.status import StatusBar, duration
+
+if TYPE_CHECKING:
+    from localfab.tui.app import LocalfabApp
+    from localfab.tui.sessions import DeletedSession
+
+FRAME_SECONDS = 1 / 30
+WIDE = 100  # from this width the sessions panel shows unless the user hid it
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """The reply could not be generated; `reason` says why."""
+
+    reason: str
+
+
+class _End:
+    """The worker is done with this reply."""
+
+
+_END = _End()
+InboxItem = ReplyEvent | ReplyFailed | _End
+
+
+def merge_continued(turns: list[StoredTurn]) -> list[StoredTurn]:
+    """Stored turns with a continued reply shown once.
+
+    A continuation is stored as a new assistant message holding the whole reply so far; the
+    earlier, shorter copy is not shown.
+    """
+    out: list[StoredTurn] = []
+    for turn in turns:
+        prev = out[-1] if out else None
+        if (
+            prev is not None
+            and prev.role == turn.role == "assistant"
+            and turn.content.startswith(prev.content)
+        ):
+            out[-1] = turn
+        else:
+            out.append(turn)
+    return out
+
+
+def reply_footer(done: ReplyFinished) -> tuple[str, str]:
+    """The line under a finished reply, and its kind."""
+    stats = (
+        f"{done.completion_tokens} tokens · {done.tokens_per_second:,.1f} tok/s · "
+        f"TTFT {duration(done.ttft_ms)}"
+    )
+    if done.continues:
+        stats += f" · continued {done.continues}×"
+    if done.finish_reason == "length":
+        return f"{stats} · ✂ cut at the token limit: ctrl+r continues", "cut"
+    if done.finish_reason == "cancelled":
+        return f"{stats} · ■ stopped: ctrl+r continues", "stopped"
+    return stats, ""
+
+
+class ChatScreen(Screen[None]):
+    """Chat with the loaded model."""
+
+    AUTO_FOCUS = "#prompt"
+
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", id="chat.stop"),
+        Binding("ctrl+c", "interrupt", "Stop/quit", id="chat.interrupt", show=False, priority=True),
+        Binding("ctrl+r", "continue_reply", "Continue", id="chat.continue"),
+        Binding("ctrl+n", "new_chat", "New chat", id="chat.new"),
+        Binding("ctrl+s", "toggle_sessions", "Chats", id="chat.sessions"),
+        Binding("ctrl+y", "copy_reply", "Copy reply", id="chat.copy"),
+        Binding("ctrl+z", "undo_delete", "Undo delete", id="chat.undo", show=False),
+        Binding("ctrl+end,end", "follow", "Follow", id="chat.follow", show=False),
+        Binding("ctrl+l", "cancel_load", "Cancel load", id="chat.cancel_load", show=False),
+    ]
+
+    @dataclass
+    class LoadProgressed(Message):
+        """The model load moved on."""
+
+        progress: LoadProgress
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, ChatScreen.LoadProgressed)
+
+    @dataclass
+    class ModelLoaded(Message):
+        info: ModelInfo
+        turns: list[StoredTurn]
+
+    @dataclass
+    class ModelLoadFailed(Message):
+        reason: str
+        cancelled: bool = False
+
+    @dataclass
+    class SessionOpened(Message):
+        turns: list[StoredTurn]
+
+    def __init__(
+        self,
+        backend: ChatBackend | None,
+        *,
+        model_name: str | None,
+        session_id: int | None = None,
+        system: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.model_name = model_name
+        self.start_session = session_id
+        self.system = system
+        self.loaded = False
+        self.loading = False
+        self.streaming = False
+        self.last_finish: str | None = None
+        self.replies_finished = 0  # replies (and continuations) that ended, for tests and bench
+        self._cancel = threading.Event()
+        self._load_cancel = threading.Event()
+        self._inbox: deque[InboxItem] = deque()
+        self._reply: MessageView | None = None
+        self._timer: Timer | None = None
+        self._sent_at = 0.0
+        self._first_at: float | None = None
+        self._tokens = 0
+        self._panel_user_set = False
+        self._deleted: DeletedSession | None = None
+        self._interrupt_at = 0.0
+
+    @property
+    def lf_app(self) -> LocalfabApp:
+        return self.app  # type: ignore[return-value]
+
+    # --- layout --------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            yield SessionsPanel(id="sessions", now=self.lf_app.clock_now)
+            with Vertical(id="chat-column"):
+                with VerticalScroll(id="chat-log"):
+                    yield Static(self._welcome(), id="welcome")
+                with Vertical(id="load-panel"):
+                    yield Label("", id="load-stage")
+                    yield ProgressBar(total=100, show_eta=False, id="load-bar")
+                    yield Static("", id="load-plan", markup=False)
+                    yield Button("Cancel load", id="load-cancel")
+                yield PromptBox(id="prompt", placeholder="Message (Enter sends, Ctrl+J new line)")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    def _welcome(self) -> str:
+        if self.backend is None:
+            return (
+                "No model is loaded.\n\n"
+                "Start a chat with `localfab chat MODEL` (a registered name, a .gguf path, or "
+                "gemma3:270m, the built-in test model); `localfab list` shows your models and "
+                "`localfab pull` downloads one."
+            )
+        return f"Chat with {self.model_name}. Enter sends; Esc stops a reply; Ctrl+S lists chats."
+
+    def on_mount(self) -> None:
+        self.query_one("#chat-log").anchor()
+        self.query_one("#load-panel").display = False
+        self.query_one("#load-cancel", Button).can_focus = False  # the prompt keeps the keys
+        self._timer = self.set_interval(FRAME_SECONDS, self._drain, pause=True)
+        self.refresh_sessions()
+        self.query_one(PromptBox).focus()
+        if self.backend is not None:
+            # The first frame is painted before the engine (and llama.cpp) is imported.
+            self.call_after_refresh(self._begin_load)
+
+    def on_resize(self) -> None:
+        if not self._panel_user_set:
+            self.query_one(SessionsPanel).display = self.size.width >= WIDE
+
+    # --- loading -------------------------------------------------------------------------------
+
+    def _begin_load(self) -> None:
+        self.loading = True
+        panel = self.query_one("#load-panel")
+        panel.display = True
+        self.query_one("#load-stage", Label).update(f"Loading {self.model_name}…")
+        self.query_one(StatusBar).show_model(f"{self.model_name} (loading)", None, None)
+        self._load(self._load_cancel)
+
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def _load(self, cancel: threading.Event) -> None:
+        assert self.backend is not None
+        backend = self.backend
+
+        def progress(step: LoadProgress) -> None:
+            self.post_message(self.LoadProgressed(step))
+
+        try:
+            info = backend.load(progress=progress, cancel=cancel)
+            turns = backend.open_session(session_id=self.start_session, system=self.system)
+        except LoadCancelled:
+            self.post_message(self.ModelLoadFailed("the load was cancelled", cancelled=True))
+            return
+        except LocalfabError as exc:
+            self.post_message(self.ModelLoadFailed(str(exc)))
+            return
+        except Exception as exc:  # the app must outlive any failure of a model to load
+            self.post_message(self.ModelLoadFailed(f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(self.ModelLoaded(info, turns))
+
+    @on(LoadProgressed)
+    def _load_progressed(self, event: LoadProgressed) -> None:
+        p = event.progress
+        self.query_one("#load-stage", Label).update(f"Loading {self.model_name}: {p.stage}")
+        bar = self.query_one("#load-bar", ProgressBar)
+        if p.fraction is None:
+            bar.update(total=None)
+        else:
+            bar.update(total=100, progress=round(100 * p.fraction))
+        if p.detail:
+            self.query_one("#load-plan", Static).update(p.detail)
+
+    @on(ModelLoaded)
+    async def _model_loaded(self, event: ModelLoaded) -> None:
+        self.query_one("#load-panel").display = False
+        info = event.info
+        self.query_one(StatusBar).show_model(info.name, info.gpu_layers, info.total_layers)
+        await self._show_turns(event.turns)
+        self.query_one(PromptBox).focus()
+        for notice in info.notices:
+            self.notify(notice, title="Note", timeout=6)
+        self.refresh_sessions()
+        self.loading = False
+        self.loaded = True
+        self._show_context()
+
+    @on(ModelLoadFailed)
+    def _model_load_failed(self, event: ModelLoadFailed) -> None:
+        self.loading = False
+        self.query_one("#load-panel").display = False
+        self.query_one(StatusBar).show_model(f"{self.model_name} (not loaded)", None, None)
+        if event.cancelled:
+            self.notify("Model load cancelled.", title="Load")
+            return
+        self.app.push_screen(ErrorDialog(f"Could not load {self.model_name}", event.reason))
+
+    @on(Button.Pressed, "#load-cancel")
+    def action_cancel_load(self) -> None:
+        if self.loading:
+            self._load_cancel.set()
+            self.query_one("#load-stage", Label).update("Cancelling…")
+
+    # --- sending and streaming -------------------------------------------------------------------
+
+    @on(PromptBox.Submitted)
+    async def _submitted(self, event: PromptBox.Submitted) -> None:
+        if not self.loaded:
+            why = "the model is still loading" if self.loading else "no model is loaded"
+            self.notify(f"Cannot send: {why}.", severity="warning")
+            return
+        if self.streaming:
+            self.notify("A reply is still streaming: Esc stops it.", severity="warning")
+            return
+        event.prompt.remember(event.text)
+        event.prompt.load_text("")
+        log = self.query_one("#chat-log", VerticalScroll)
+        await self._drop_welcome()
+        await log.mount(MessageView("user", event.text))
+        self._reply = MessageView("assistant", status="generating")
+        await log.mount(self._reply)
+        self._reply.start_stream()
+        self._start_reply(event.text)
+
+    def _start_reply(self, text: str | None) -> None:
+        self.streaming = True
+        self._cancel = threading.Event()
+        self._sent_at = time.monotonic()
+        self._first_at = None
+        self._tokens = 0
+        self.query_one("#chat-log", VerticalScroll).anchor()
+        self.query_one(StatusBar).show_speed(None, None)
+        assert self._timer is not None
+        self._timer.resume()
+        self._generate(text, self._cancel)
+
+    @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
+    def _generate(self, text: str | None, cancel: threading.Event) -> None:
+        assert self.backend is not None
+        try:
+            if text is None:
+                events = self.backend.continue_reply(cancel=cancel)
+            else:
+                events = self.backend.send(text, cancel=cancel)
+            for event in events:
+                self._inbox.append(event)
+        except LocalfabError as exc:
+            self._inbox.append(ReplyFailed(str(exc)))
+        except Exception as exc:  # shown on the reply; the chat goes on
+            self._inbox.append(ReplyFailed(f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._inbox.append(_END)
+
+    async def _drain(self) -> None:
+        """Move what the worker produced onto the screen: one batch of text per frame."""
+        view = self._reply
+        batch: list[str] = []
+        while self._inbox:
+            item = self._inbox.popleft()
+            if isinstance(item, ReplyText):
+                if self._first_at is None:
+                    self._first_at = time.monotonic()
+                batch.append(item.text)
+                self._tokens += item.tokens
+                continue
+            if batch and view is not None:
+                await view.write("".join(batch))
+                batch = []
+            await self._handle(item)
+        if batch and view is not None:
+            await view.write("".join(batch))
+        if self.streaming and self._first_at is not None:
+            elapsed = time.monotonic() - self._first_at
+            ttft = (self._first_at - self._sent_at) * 1e3
+            speed = (self._tokens - 1) / elapsed if elapsed > 0.2 and self._tokens > 1 else None
+            self.query_one(StatusBar).show_speed(ttft, speed)
+
+    async def _handle(self, item: InboxItem) -> None:
+        view = self._reply
+        log = self.query_one("#chat-log", VerticalScroll)
+        if isinstance(item, WindowShifted):
+            divider = ShiftDivider(item.turns, item.tokens)
+            if view is not None and view.parent is log:
+                await log.mount(divider, before=view)
+            else:
+                await log.mount(divider)
+        elif isinstance(item, ReplyContinued):
+            if view is not None:
+                view.set_footer(f"continuing ({item.count}/{item.limit})…")
+        elif isinstance(item, ReplyFinished):
+            self.last_finish = item.finish_reason
+            if view is not None:
+                await view.end_stream()
+                view.status = item.finish_reason
+                text, kind = reply_footer(item)
+                view.set_footer(text, kind=kind)
+            status = self.query_one(StatusBar)
+            status.show_speed(item.ttft_ms, item.tokens_per_second)
+            if item.tokens_per_second > 0:
+                status.add_speed_sample(item.tokens_per_second)
+        elif isinstance(item, ReplyFailed):
+            self.last_finish = "failed"
+            if view is not None:
+                await view.end_stream()
+                view.set_footer(f"✗ {item.reason}", kind="failed")
+            self.notify(item.reason, title="Reply failed", severity="error", timeout=8)
+        elif isinstance(item, _End):
+            self.replies_finished += 1
+            self.streaming = False
+            if self._timer is not None:
+                self._timer.pause()
+            self._show_context()
+            self.refresh_sessions()
+
+    def _show_context(self) -> None:
+        if self.backend is not None and self.loaded:
+            used, total = self.backend.context_usage()
+            self.query_one(StatusBar).show_context(used, total)
+
+    # --- actions -------------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        """Stop the reply now, keeping what it wrote."""
+        if self.streaming:
+            self._cancel.set()
+            if self._reply is not None:
+                self._reply.set_footer("stopping…")
+        elif self.loading:
+            self.action_cancel_load()
+
+    def action_interrupt(self) -> None:
+        """Ctrl+C stops a reply; with no reply, a second Ctrl+C quits."""
+        if self.streaming:
+            self.action_stop()
+            return
+        now = time.monotonic()
+        if now - self._interrupt_at < 2.0:
+            self.app.exit()
+            return
+        self._interrupt_at = now
+        self.notify("Press Ctrl+C again (or Ctrl+Q) to quit.", timeout=2)
+
+    async def action_continue_reply(self) -> None:
+        """Continue the last reply where it was cut or stopped."""
+        if self.streaming or not self.loaded:
+            return
+        if self.last_finish not in ("length", "cancelled") or self._reply is None:
+            self.notify("There is no cut or stopped reply to continue.", severity="warning")
+            return
+        self._reply.set_footer("continuing…")
+        self._reply.start_stream()
+        self._start_reply(None)
+
+    async def action_new_chat(self) -> None:
+        if self.streaming or not self.loaded:
+            return
+        self._open(None)
+
+    def action_toggle_sessions(self) -> None:
+        panel = self.query_one(SessionsPanel)
+        self._panel_user_set = True
+        panel.display = not panel.display
+        if panel.display:
+            self.refresh_sessions()
+            panel.query_one("#sessions-list").focus()
+        else:
+            self.query_one(PromptBox).focus()
+
+    def action_follow(self) -> None:
+        """Scroll to the end and follow the reply again."""
+        self.query_one("#chat-log", VerticalScroll).anchor()
+
+    def action_copy_reply(self) -> None:
+        views = [v for v in self.query(MessageView) if v.role == "assistant" and v.text]
+        if not views:
+            self.notify("There is no reply to copy yet.", severity="warning")
+            return
+        self.lf_app.copy_text(views[-1].text, what="the last reply")
+
+    async def action_undo_delete(self) -> None:
+        if self._deleted is None:
+            return
+        self.lf_app.session_store.undelete(self._deleted)
+        self._deleted = None
+        self.refresh_sessions()
+        self.notify("Chat restored.")
+
+    # --- sessions ------------------------------------------------------------------------------
+
+    def refresh_sessions(self) -> None:
+        store = self.lf_app.session_store
+        current = self.backend.session_id if self.backend is not None else None
+        self.query_one(SessionsPanel).show(store.list(), current)
+
+    def _open(self, session_id: int | None) -> None:
+        self._open_worker(session_id)
+
+    @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
+    def _open_worker(self, session_id: int | None) -> None:
+        assert self.backend is not None
+        try:
+            turns = self.backend.open_session(session_id=session_id, system=self.system)
+        except (LocalfabError, ValueError, OSError) as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error")
+            return
+        self.post_message(self.SessionOpened(turns))
+
+    @on(SessionOpened)
+    async def _session_opened(self, event: SessionOpened) -> None:
+        await self._show_turns(event.turns)
+        self._show_context()
+        self.refresh_sessions()
+        self.query_one(PromptBox).focus()
+
+    async def _show_turns(self, turns: list[StoredTurn]) -> None:
+        log = self.query_one("#chat-log", VerticalScroll)
+        await log.remove_children()
+        self._reply = None
+        self.last_finish = None
+        prompt = self.query_one(PromptBox)
+        prompt.earlier.clear()
+        shown = merge_continued(turns)
+        if not shown:
+            await log.mount(Static(self._welcome(), id="welcome"))
+        views = [MessageView(t.role, t.content, status=t.status) for t in shown if t.content]
+        await log.mount_all(views)
+        for turn in shown:
+            if turn.role == "user":
+                prompt.remember(turn.content)
+        if views and views[-1].role == "assistant":
+            self._reply = views[-1]
+            last = shown[-1].status
+            self.last_finish = {"length": "length", "interrupted": "cancelled"}.get(last)
+            if last == "length":
+                views[-1].set_footer("✂ cut at the token limit · ctrl+r continues", kind="cut")
+            elif last == "interrupted":
+                views[-1].set_footer("■ interrupted · ctrl+r continues", kind="stopped")
+        log.anchor()
+
+    async def _drop_welcome(self) -> None:
+        for welcome in self.query("#welcome"):
+            await welcome.remove()
+
+    @on(SessionsPanel.OpenRequested)
+    def _open_requested(self, event: SessionsPanel.OpenRequested) -> None:
+        if self.streaming:
+            self.notify("Stop the reply (Esc) before switching chats.", severity="warning")
+            return
+        if not self.loaded:
+            self.notify("Load a model to resume a chat.", severity="warning")
+            return
+        self._open(event.session_id)
+
+    @on(SessionsPanel.RenameRequested)
+    def _rename_requested(self, event: SessionsPanel.RenameRequested) -> None:
+        def renamed(title: str | None) -> None:
+            if title is None:
+                return
+            try:
+                self.lf_app.session_store.rename(event.session_id, title)
+            except ValueError as exc:
+                self.notify(str(exc), severity="warning")
+            self.refresh_sessions()
+
+        self.app.push_screen(TextDialog("Rename chat", event.title), renamed)
+
+    @on(SessionsPanel.DeleteRequested)
+    def _delete_requested(self, event: SessionsPanel.DeleteRequested) -> None:
+        current = self.backend.session_id if self.backend is not None else None
+        if event.session_id == current:
+            self.notify("This chat is open: start a new one (Ctrl+N) first.", severity="warning")
+            return
+        self._deleted = self.lf_app.session_store.delete(event.session_id)
+        self.refresh_sessions()
+        self.notify("Chat deleted. Ctrl+Z brings it back.", timeout=6)
+
+    # --- quitting ------------------------------------------------------------------------------
+
+    async def stop_for_exit(self) -> None:
+        """Stop a streaming reply and wait until it is saved (marked interrupted)."""
+        self._load_cancel.set()
+        if self.streaming:
+            self._cancel.set()
+            for worker in list(self.app.workers):
+                if worker.node is self and worker.group == "reply":
+                    await worker.wait()

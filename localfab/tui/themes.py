@@ -1,0 +1,130 @@
+"""Themes as data: TOML files with Textual theme variables, built-in and from the user.
+
+Built-in themes are package data (`localfab.resources.builtin_theme_files`, the repository's
+`themes/` installed as `localfab._themes`); a source checkout whose install predates that
+mapping reads `themes/` directly. User themes live in `<config dir>/themes/` in the same format.
+A file that cannot be read or does not validate is reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+from textual.color import Color, ColorParseError
+from textual.theme import Theme
+
+COLOUR_KEYS = (
+    "primary",
+    "secondary",
+    "accent",
+    "foreground",
+    "background",
+    "surface",
+    "panel",
+    "boost",
+    "success",
+    "warning",
+    "error",
+)
+REQUIRED = ("name", "primary")
+DEFAULT_DARK = "localfab-dark"
+DEFAULT_LIGHT = "localfab-light"
+_REPO_THEMES = Path(__file__).resolve().parent.parent.parent / "themes"
+
+
+class ThemeError(ValueError):
+    """A theme file that cannot be used, with what is wrong in it."""
+
+
+@dataclass(frozen=True)
+class LoadedThemes:
+    themes: tuple[Theme, ...]
+    problems: tuple[str, ...]
+
+
+def parse_theme(text: str, source: str) -> Theme:
+    """A Theme from TOML text; `ThemeError` says what is wrong and where."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ThemeError(f"{source}: not valid TOML ({exc})") from exc
+    missing = [k for k in REQUIRED if not data.get(k)]
+    if missing:
+        raise ThemeError(f"{source}: missing {', '.join(missing)}")
+    known = {"name", "dark", "variables", *COLOUR_KEYS}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ThemeError(f"{source}: unknown key(s) {', '.join(unknown)}")
+    name = data["name"]
+    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+        raise ThemeError(f"{source}: name must be letters, digits, '-' or '_'")
+    colours: dict[str, str] = {}
+    for key in COLOUR_KEYS:
+        if key in data:
+            value = data[key]
+            try:
+                if not isinstance(value, str):
+                    raise TypeError(value)
+                Color.parse(value)
+            except (ColorParseError, TypeError) as exc:
+                raise ThemeError(f"{source}: {key} = {value!r} is not a colour") from exc
+            colours[key] = value
+    dark = data.get("dark", True)
+    if not isinstance(dark, bool):
+        raise ThemeError(f"{source}: dark must be true or false")
+    variables = data.get("variables", {})
+    if not isinstance(variables, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in variables.items()
+    ):
+        raise ThemeError(f"{source}: [variables] must map names to strings")
+    theme = Theme(name=name, primary=colours.pop("primary"), dark=dark, variables=dict(variables))
+    for key, value in colours.items():
+        setattr(theme, key, value)
+    return theme
+
+
+def _theme_files(folder: Traversable | Path) -> list[Traversable | Path]:
+    try:
+        if not folder.is_dir():
+            return []
+        return sorted(
+            (f for f in folder.iterdir() if f.name.endswith(".toml")), key=lambda f: f.name
+        )
+    except OSError:
+        return []
+
+
+def builtin_theme_files() -> list[Traversable | Path]:
+    """The shipped theme files: package data first, the repository's themes/ otherwise."""
+    from localfab import resources
+
+    files: list[Traversable | Path] = list(resources.builtin_theme_files())
+    return files or _theme_files(_REPO_THEMES)
+
+
+def _load(files: Iterable[Traversable | Path], kind: str) -> tuple[list[Theme], list[str]]:
+    themes: list[Theme] = []
+    problems: list[str] = []
+    for file in files:
+        source = f"{kind} theme {file.name}"
+        try:
+            themes.append(parse_theme(file.read_text(encoding="utf-8"), source))
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"{source}: cannot be read ({exc})")
+        except ThemeError as exc:
+            problems.append(str(exc))
+    return themes, problems
+
+
+def load_themes(user_dir: Path | None) -> LoadedThemes:
+    """Built-in themes, then the user's (a user theme may replace a built-in one by name)."""
+    themes, problems = _load(builtin_theme_files(), "built-in")
+    if user_dir is not None:
+        user, user_problems = _load(_theme_files(user_dir), "user")
+        themes.extend(user)
+        problems.extend(user_problems)
+    return LoadedThemes(tuple(themes), tuple(problems))

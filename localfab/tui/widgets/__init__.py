@@ -1,0 +1,1 @@
+"""Widgets of the terminal app, by screen region."""

@@ -1,0 +1,80 @@
+"""The status bar: model, GPU layers, context gauge, live TTFT and tok/s, energy."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Label, Sparkline
+
+GAUGE_CELLS = 10
+
+
+def compact(n: int) -> str:
+    """1234 -> 1.2k; small numbers as they are."""
+    if n >= 10_000:
+        return f"{n / 1000:.0f}k"
+    if n >= 1000:
+        return f"{n / 1000:.1f}k"
+    return str(n)
+
+
+def gauge(used: int, total: int, cells: int = GAUGE_CELLS) -> str:
+    """A text gauge such as ▰▰▰▱▱▱▱▱▱▱."""
+    if total <= 0:
+        return "▱" * cells
+    filled = min(cells, round(cells * used / total))
+    if used > 0 and filled == 0:
+        filled = 1
+    return "▰" * filled + "▱" * (cells - filled)
+
+
+def duration(ms: float) -> str:
+    """420 ms, 5.9 s."""
+    return f"{ms:,.0f} ms" if ms < 1000 else f"{ms / 1000:,.1f} s"
+
+
+NARROW = 96  # below this width the gauge and the sparkline shrink
+
+
+class StatusBar(Horizontal):
+    """One line of facts about the model and the last reply."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._usage = (0, 0)
+
+    def compose(self) -> ComposeResult:
+        yield Label("no model", id="status-model")
+        yield Label("", id="status-gpu")
+        yield Label("", id="status-ctx")
+        yield Label("TTFT —", id="status-ttft")
+        yield Label("— tok/s", id="status-speed")
+        yield Sparkline([], id="status-spark")
+        yield Label("— J/tok", id="status-energy")
+
+    def show_model(self, name: str, gpu_layers: int | None, total_layers: int | None) -> None:
+        self.query_one("#status-model", Label).update(name)
+        gpu = "" if total_layers is None else f"GPU {gpu_layers}/{total_layers}"
+        self.query_one("#status-gpu", Label).update(gpu)
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width < NARROW, "narrow")
+        self.show_context(*self._usage)
+
+    def show_context(self, used: int, total: int) -> None:
+        self._usage = (used, total)
+        cells = GAUGE_CELLS if self.size.width >= NARROW else GAUGE_CELLS // 2
+        text = f"ctx {gauge(used, total, cells)} {compact(used)}/{compact(total)}" if total else ""
+        label = self.query_one("#status-ctx", Label)
+        label.update(text)
+        label.set_class(total > 0 and used / total > 0.9, "full")
+
+    def show_speed(self, ttft_ms: float | None, tok_s: float | None) -> None:
+        ttft = "TTFT —" if ttft_ms is None else f"TTFT {duration(ttft_ms)}"
+        speed = "— tok/s" if tok_s is None else f"{tok_s:,.1f} tok/s"
+        self.query_one("#status-ttft", Label).update(ttft)
+        self.query_one("#status-speed", Label).update(speed)
+
+    def add_speed_sample(self, tok_s: float) -> None:
+        spark = self.query_one("#status-spark", Sparkline)
+        spark.data = [*(spark.data or []), tok_s][-24:]

@@ -1,0 +1,324 @@
+"""The chat screen driven like a user would, on the fake engine (fast: no model)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localfab.chat.history import History
+from localfab.tui.backend import ChatOptions
+from localfab.tui.fake import SAMPLE_REPLY, FakeEngine
+from localfab.tui.widgets.dialogs import ErrorDialog
+from localfab.tui.widgets.messages import ShiftDivider
+from localfab.tui.widgets.prompt import PromptBox
+from localfab.tui.widgets.sessions import SessionItem, SessionsPanel
+from tests.tui_support import build_app, finished, loaded, replies, send, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture()
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture()
+def history(tmp_path: Path) -> History:
+    h = History(tmp_path / "sessions.sqlite3")
+    yield h
+    h.close()
+
+
+def label_text(app, selector: str) -> str:
+    return str(app.chat.query_one(selector).render())
+
+
+async def test_a_reply_streams_as_markdown_and_the_status_bar_shows_speed(history):
+    app, _ = build_app(history)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        assert "fake-model" in label_text(app, "#status-model")
+        assert "GPU 0/18" in label_text(app, "#status-gpu")
+        await send(pilot, app, "hello there")
+        await finished(pilot, app)
+        reply = replies(app)[-1]
+        assert reply.text == SAMPLE_REPLY
+        assert reply.markdown.source == SAMPLE_REPLY
+        # The code block and the table became Markdown blocks, not plain text.
+        kinds = {type(b).__name__ for b in reply.markdown.children}
+        assert {"MarkdownFence", "MarkdownTable"} <= kinds
+        assert chat.last_finish == "stop"
+        assert "tok/s" in label_text(app, "#status-speed")
+        assert "—" not in label_text(app, "#status-speed")
+        assert label_text(app, "#status-ctx").startswith("ctx ")
+        assert "— J/tok" in label_text(app, "#status-energy")
+        footer = str(reply.query_one(".reply-footer").render())
+        assert "tokens" in footer and "tok/s" in footer and "TTFT" in footer
+
+
+async def test_escape_stops_a_reply_and_keeps_its_text(history):
+    app, engine = build_app(history, engine=FakeEngine(hold_after=12))
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        await send(pilot, app, "hi")
+        await wait_for(pilot, lambda: len(replies(app)[-1].text) > 0 and chat.streaming)
+        await wait_for(pilot, lambda: replies(app)[-1].markdown.source.count(" ") >= 5)
+        await pilot.press("escape")
+        await finished(pilot, app)
+        reply = replies(app)[-1]
+        assert chat.last_finish == "cancelled"
+        assert reply.text and SAMPLE_REPLY.startswith(reply.text)
+        assert reply.text != SAMPLE_REPLY
+        assert "stopped" in str(reply.query_one(".reply-footer").render())
+        stored = history.messages(app.backend.session_id)
+        assert [m.role for m in stored] == ["user", "assistant"]
+        assert stored[-1].status == "interrupted"
+        assert stored[-1].content == reply.text
+
+
+async def test_a_reply_cut_at_the_token_limit_continues_without_a_seam(history):
+    options = ChatOptions(max_tokens=15, max_continues=0)
+    app, _ = build_app(history, options=options)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        await send(pilot, app, "hi")
+        await finished(pilot, app)
+        reply = replies(app)[-1]
+        assert chat.last_finish == "length"
+        cut_text = reply.text
+        assert SAMPLE_REPLY.startswith(cut_text) and cut_text != SAMPLE_REPLY
+        assert "cut at the token limit" in str(reply.query_one(".reply-footer").render())
+        for _ in range(20):
+            if chat.last_finish == "stop":
+                break
+            done = chat.replies_finished
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda done=done: chat.replies_finished > done)
+        assert chat.last_finish == "stop"
+        assert len(replies(app)) == 1
+        assert reply.text == SAMPLE_REPLY
+        assert reply.markdown.source == SAMPLE_REPLY
+
+
+async def test_auto_continue_joins_the_pieces_and_says_so(history):
+    app, _ = build_app(history, options=ChatOptions(max_tokens=20, max_continues=10))
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        await send(pilot, app, "hi")
+        await finished(pilot, app)
+        reply = replies(app)[-1]
+        assert chat.last_finish == "stop"
+        assert reply.text == SAMPLE_REPLY
+        assert "continued" in str(reply.query_one(".reply-footer").render())
+
+
+async def test_a_shift_divider_appears_when_old_turns_leave_the_window(history):
+    engine = FakeEngine(reply=lambda prompt: "A short reply of a few words.", n_ctx=96)
+    app, _ = build_app(history, engine=engine, options=ChatOptions(reply_reserve=24))
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        for i in range(8):
+            await send(pilot, app, f"message number {i} with some words")
+            await finished(pilot, app)
+            if chat.query(ShiftDivider):
+                break
+        dividers = list(chat.query(ShiftDivider))
+        assert dividers, "no divider after eight turns in a 96-token window"
+        text = str(dividers[0].render())
+        assert dividers[0].turns >= 1 and dividers[0].tokens > 0
+        assert f"({dividers[0].tokens} tokens) left the window" in text
+        assert "the system prompt stayed" in text
+        # Nothing was lost on screen: every turn is still shown.
+        assert len(replies(app)) == i + 1
+
+
+async def test_a_chat_is_saved_as_it_streams_and_resumes(history):
+    app, _ = build_app(history)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot, app)
+        await send(pilot, app, "first question")
+        await finished(pilot, app)
+        session_id = app.backend.session_id
+    stored = history.session(session_id)
+    assert stored is not None and stored.title == "first question"
+    assert [m.content for m in history.messages(session_id)] == ["first question", SAMPLE_REPLY]
+
+    # A new app on the same database, resumed from the sessions panel.
+    app2, _ = build_app(history)
+    async with app2.run_test(size=(120, 30)) as pilot:
+        chat = await loaded(pilot, app2)
+        panel = chat.query_one(SessionsPanel)
+        assert panel.display
+        items = list(panel.query(SessionItem))
+        assert [i.session.title for i in items] == ["first question"]
+        panel.query_one("#sessions-list").focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(replies(app2)) == 1)
+        assert replies(app2)[0].text == SAMPLE_REPLY
+        assert app2.backend.session_id == session_id
+        # The prompt history holds the resumed chat's prompts.
+        chat.query_one(PromptBox).focus()
+        await pilot.press("up")
+        assert chat.query_one(PromptBox).text == "first question"
+        # And the chat goes on in the same stored session.
+        await send(pilot, app2, "second")
+        await finished(pilot, app2)
+    assert [m.role for m in history.messages(session_id)] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+
+
+async def test_sessions_rename_and_delete_with_undo(history):
+    for title in ("alpha", "beta"):
+        sid = history.create_session(model="fake-model")
+        history.add_message(sid, "user", title)
+    app, _ = build_app(history)
+    async with app.run_test(size=(120, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        panel = chat.query_one(SessionsPanel)
+        panel.query_one("#sessions-list").focus()
+        await pilot.press("r")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "TextDialog")
+        await pilot.press("ctrl+a", "ctrl+k", *"renamed", "enter")
+        await wait_for(pilot, lambda: any(s.title == "renamed" for s in history.sessions()))
+        titles = sorted(s.title or "" for s in history.sessions())
+        assert titles in (["alpha", "renamed"], ["beta", "renamed"])
+        before = len(history.sessions())
+        panel.query_one("#sessions-list").focus()
+        await pilot.press("d")
+        await wait_for(pilot, lambda: len(history.sessions()) == before - 1)
+        await pilot.press("ctrl+z")
+        await wait_for(pilot, lambda: len(history.sessions()) == before)
+        assert sorted(s.title or "" for s in history.sessions()) == titles
+
+
+async def test_prompt_box_newline_and_earlier_prompts(history):
+    app, _ = build_app(history)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        box = chat.query_one(PromptBox)
+        box.focus()
+        await pilot.press("a", "ctrl+j", "b")
+        assert box.text == "a\nb"
+        await pilot.press("enter")
+        await finished(pilot, app)
+        assert box.text == ""
+        await send(pilot, app, "second")
+        await finished(pilot, app)
+        await pilot.press("up")
+        assert box.text == "second"
+        await pilot.press("up")
+        assert box.text == "a\nb"
+        await pilot.press("down", "down")
+        assert box.text == ""
+
+
+async def test_theme_switch_applies_to_the_screen(history):
+    app, _ = build_app(history, theme="localfab-dark")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot, app)
+        assert app.theme == "localfab-dark"
+        dark_bg = app.screen.styles.background
+        assert app.theme in app.localfab_themes and len(app.localfab_themes) >= 3
+        while app.theme != "localfab-light":
+            await pilot.press("ctrl+t")
+            await pilot.pause()
+        assert app.current_theme.dark is False
+        assert app.screen.styles.background != dark_bg
+        assert app.screen.styles.background.hex.upper() == "#FAFAF7"
+
+
+async def test_a_model_that_fails_to_load_shows_why_and_the_app_stays_usable(history):
+    reason = "gemma.gguf is truncated (120 of 241 MB): download it again with localfab pull"
+    app, _ = build_app(history, fail=reason)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorDialog))
+        assert reason in str(app.screen.query_one(".dialog-body").render())
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ErrorDialog))
+        chat = app.chat
+        assert not chat.loaded
+        assert "not loaded" in label_text(app, "#status-model")
+        await pilot.press("h", "i", "enter")
+        assert not chat.streaming and not replies(app)
+        await pilot.press("ctrl+s")
+        assert not chat.query_one(SessionsPanel).display
+
+
+async def test_a_load_can_be_cancelled(history):
+    app, _ = build_app(history, steps=500, step_delay=0.01)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.chat.loading)
+        assert app.chat.query_one("#load-panel").display
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.chat.loading)
+        assert not app.chat.loaded
+        assert not isinstance(app.screen, ErrorDialog)
+        assert not app.chat.query_one("#load-panel").display
+
+
+async def test_quitting_during_a_reply_saves_it_marked_interrupted(history):
+    app, engine = build_app(history, engine=FakeEngine(hold_after=8))
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        await send(pilot, app, "hi")
+        await wait_for(pilot, lambda: chat.streaming and len(replies(app)[-1].text) > 0)
+        session_id = app.backend.session_id
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: app._exit_renderables is not None or not app.is_running)
+    stored = history.messages(session_id)
+    assert stored[-1].role == "assistant"
+    assert stored[-1].status == "interrupted"
+    assert stored[-1].content and SAMPLE_REPLY.startswith(stored[-1].content)
+
+
+async def test_ctrl_c_stops_a_reply_and_does_not_quit(history):
+    app, _ = build_app(history, engine=FakeEngine(hold_after=8))
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        await send(pilot, app, "hi")
+        await wait_for(pilot, lambda: chat.streaming and len(replies(app)[-1].text) > 0)
+        await pilot.press("ctrl+c")
+        await finished(pilot, app)
+        assert chat.last_finish == "cancelled"
+        assert app.is_running
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestWarning")
+def test_the_app_paints_without_importing_llama_cpp(tmp_path):
+    code = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from localfab.chat.history import History\n"
+        "from localfab.tui.app import make_app\n"
+        "async def main():\n"
+        f"    app = make_app(backend=None, history=History(Path({str(tmp_path)!r}) / 's.db'))\n"
+        "    async with app.run_test(size=(80, 24)) as pilot:\n"
+        "        await pilot.pause()\n"
+        "        assert 'No model is loaded' in str(app.screen.query_one('#welcome').render())\n"
+        "    print('llama_cpp' in sys.modules)\n"
+        "asyncio.run(main())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+async def test_a_damaged_history_is_left_alone_and_the_app_says_chats_are_not_saved(tmp_path):
+    from localfab.commands.chat import open_history
+    from localfab.tui.app import make_app
+
+    damaged = tmp_path / "sessions.sqlite3"
+    damaged.write_bytes(b"not a database " * 100)
+    history, problem = open_history(damaged)
+    assert problem is not None and str(damaged) in problem and "not be saved" in problem
+    app = make_app(backend=None, history=history, notices=(problem,))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: any("not be saved" in n.message for n in app._notifications))
+    assert damaged.read_bytes() == b"not a database " * 100

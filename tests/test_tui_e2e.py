@@ -1,0 +1,68 @@
+"""The terminal app on the real test model: in-process with a pilot, and in tmux like a user."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from localfab.chat.history import History
+from localfab.config import Config, default_paths
+from localfab.tui.app import make_app
+from localfab.tui.backend import ChatOptions, LocalBackend, model_loader
+from localfab.tui.widgets.messages import MessageView
+from tests.tui_support import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture()
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_chat_on_the_real_model_streams_and_is_saved(model_path, tmp_path):
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
+    history = History(paths.sessions_db)
+    loader = model_loader(str(model_path), paths, Config(), ctx_size=1024)
+    backend = LocalBackend(
+        loader, history, model_path.name, ChatOptions(max_tokens=24, max_continues=0)
+    )
+    app = make_app(backend=backend, history=history, model_name=model_path.name)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.screen_stack and app.chat.loaded, seconds=300)
+            chat = app.chat
+            assert "ctx" in str(chat.query_one("#status-ctx").render())
+            await pilot.press(*"The sea is", "enter")
+            await wait_for(pilot, lambda: chat.replies_finished == 1, seconds=300)
+            replies = [v for v in chat.query(MessageView) if v.role == "assistant"]
+            assert replies and replies[0].text.strip()
+            assert chat.last_finish in ("stop", "length")
+            assert "tok/s" in str(chat.query_one("#status-speed").render())
+            stored = history.messages(backend.session_id)
+            assert [m.role for m in stored] == ["user", "assistant"]
+            assert stored[1].content == replies[0].text
+    finally:
+        backend.close()
+        history.close()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_tui_check_script_runs_the_real_app_in_tmux(tmp_path):
+    env = dict(os.environ, LOCALFAB_HOME=str(tmp_path / "home"), TUI_CHECK_TIMEOUT="300")
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "tui_check.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "OK" in out.stdout
