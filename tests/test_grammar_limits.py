@@ -1,0 +1,237 @@
+"""Limits on grammars and JSON schemas (no model): hostile input is refused, real input passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from localfab.engine import grammar_limits as gl
+from localfab.engine.grammar import builtin_grammars, json_schema_to_gbnf
+from localfab.engine.grammar_limits import GrammarLimitError, check_grammar, check_schema
+from localfab.engine.sampling import penalty_window
+from localfab.server.errors import ApiError
+from localfab.server.params import parse_generation
+from localfab.server.settings import ServerSettings
+
+NESTED = "root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000
+HUGE = "root ::= " + " | ".join(f'"w{i}"' for i in range(600_000))
+
+# A typical OpenAI structured-output schema: nested objects, arrays, enums, $defs, formats.
+TYPICAL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 100},
+        "email": {"type": "string", "pattern": "^[a-z0-9.]{1,64}@[a-z0-9.]{1,64}$"},
+        "id": {"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"},
+        "age": {"type": "integer"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 10},
+        "address": {"$ref": "#/$defs/address"},
+        "history": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"date": {"type": "string", "format": "date"}},
+                "required": ["date"],
+            },
+        },
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+    "$defs": {
+        "address": {
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "zip": {"type": "string"}},
+        }
+    },
+}
+
+
+def refused(fn, arg) -> str:
+    with pytest.raises(GrammarLimitError) as info:
+        fn(arg)
+    return str(info.value)
+
+
+# --- GBNF ---------------------------------------------------------------------------------------
+
+
+def test_deeply_nested_grammar_names_its_depth_and_the_limit():
+    message = refused(check_grammar, NESTED)
+    assert f"grammar nesting depth 100000 exceeds the limit of {gl.GRAMMAR_MAX_NESTING}" in message
+
+
+def test_huge_grammar_is_refused_by_size():
+    message = refused(check_grammar, HUGE)
+    assert f"exceeds the limit of {gl.GRAMMAR_MAX_BYTES}" in message and "grammar size" in message
+
+
+def test_too_many_alternatives():
+    grammar = "root ::= " + " | ".join(f'"{i}"' for i in range(gl.GRAMMAR_MAX_ALTERNATIVES + 2))
+    assert len(grammar) < gl.GRAMMAR_MAX_BYTES
+    message = refused(check_grammar, grammar)
+    assert "grammar alternative count" in message
+    assert str(gl.GRAMMAR_MAX_ALTERNATIVES) in message
+
+
+def test_too_many_rules():
+    grammar = "root ::= r0\n" + "".join(f"r{i} ::= r\n" for i in range(gl.GRAMMAR_MAX_RULES))
+    assert len(grammar) < gl.GRAMMAR_MAX_BYTES
+    assert "grammar rule count" in refused(check_grammar, grammar)
+
+
+@pytest.mark.parametrize("rep", ["{100000}", "{0,100000}", "{100000,}", "{99999999999999999999}"])
+def test_repetition_count_past_the_limit(rep):
+    message = refused(check_grammar, f'root ::= "x"{rep}')
+    assert "grammar repetition count" in message
+    assert str(gl.GRAMMAR_MAX_REPETITION) in message
+
+
+def test_repetition_of_a_long_literal_is_refused_by_expanded_size():
+    grammar = 'root ::= "' + "a" * 5000 + '"{0,900}'
+    assert "after expanding repetitions" in refused(check_grammar, grammar)
+
+
+def test_brackets_in_strings_classes_and_comments_do_not_count():
+    deep = "(" * 5000
+    grammar = f'root ::= "{deep}" [{deep}] <{deep}> # {deep}\n'
+    check_grammar(grammar)
+
+
+def test_llama_cpp_grammars_pass():
+    grammars = builtin_grammars()
+    assert {"json", "c", "chess", "arithmetic", "japanese", "list"} <= set(grammars)
+    for text in grammars.values():
+        check_grammar(text)
+
+
+def test_grammars_at_the_limits_pass():
+    check_grammar("root ::= " + "(" * gl.GRAMMAR_MAX_NESTING + '"a"' + ")" * gl.GRAMMAR_MAX_NESTING)
+    check_grammar(f'root ::= "x"{{0,{gl.GRAMMAR_MAX_REPETITION}}}')
+    check_grammar("root ::= " + " | ".join(f'"{i}"' for i in range(gl.GRAMMAR_MAX_ALTERNATIVES)))
+
+
+# --- JSON schema --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "shown"),
+    [
+        ({"type": "string", "maxLength": 20000}, "maxLength 20000"),
+        ({"type": "string", "maxLength": 1e9}, "maxLength 1000000000"),
+        ({"type": "string", "minLength": 10**6}, "minLength 1000000"),
+        ({"type": "array", "items": {"type": "string"}, "minItems": 10**6}, "minItems 1000000"),
+        ({"type": "array", "maxItems": 10**6}, "maxItems 1000000"),
+        ({"type": "object", "minProperties": 10**6}, "minProperties 1000000"),
+        ({"type": "object", "maxProperties": 10**6}, "maxProperties 1000000"),
+    ],
+)
+def test_expanding_schema_bounds_are_refused_before_conversion(schema, shown):
+    message = refused(json_schema_to_gbnf, schema)
+    assert shown in message and f"exceeds the limit of {gl.SCHEMA_MAX_REPETITION}" in message
+
+
+def test_nested_bound_names_its_property_path():
+    schema = {"type": "object", "properties": {"bio": {"type": "string", "maxLength": 20000}}}
+    assert "json_schema.properties.bio maxLength 20000" in refused(check_schema, schema)
+
+
+def test_deep_schema_is_refused():
+    schema: dict = {"type": "string"}
+    for _ in range(200):
+        schema = {"type": "object", "properties": {"a": schema}}
+    assert "json_schema nesting depth" in refused(json_schema_to_gbnf, schema)
+
+
+def test_huge_enum_is_refused():
+    message = refused(json_schema_to_gbnf, {"enum": list(range(gl.SCHEMA_MAX_ENUM + 1))})
+    assert "enum values" in message and str(gl.SCHEMA_MAX_ENUM) in message
+
+
+@pytest.mark.parametrize(
+    "pattern", ["^a{0,100000}$", "^(a{1,900}){900}$", "^((ab{999}){999})$", "^" + "a" * 5000 + "$"]
+)
+def test_expanding_pattern_is_refused(pattern):
+    assert "pattern" in refused(json_schema_to_gbnf, {"type": "string", "pattern": pattern})
+
+
+def test_remote_ref_is_refused_without_fetching():
+    message = refused(json_schema_to_gbnf, {"$ref": "https://example.invalid/schema.json"})
+    assert "only references into the same schema" in message
+
+
+def test_many_large_bounds_add_up_to_the_size_limit():
+    # Each bound is under the limit; together the grammar would be several megabytes.
+    props = {
+        f"field_{i}": {"type": "array", "items": {"type": "string"}, "maxItems": 999}
+        for i in range(200)
+    }
+    assert "estimated grammar size" in refused(
+        json_schema_to_gbnf, {"type": "object", "properties": props}
+    )
+
+
+def test_ref_cycle_is_a_usage_error_not_a_crash():
+    from localfab.errors import UsageError
+
+    schema = {
+        "$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}},
+        "$ref": "#/$defs/node",
+    }
+    try:
+        grammar = json_schema_to_gbnf(schema)
+    except UsageError:
+        return
+    check_grammar(grammar)
+
+
+def test_typical_schemas_pass_and_their_grammar_passes():
+    grammar = json_schema_to_gbnf(TYPICAL_SCHEMA)
+    check_grammar(grammar)
+    json_schema_to_gbnf({"type": "string", "maxLength": gl.SCHEMA_MAX_REPETITION})
+    json_schema_to_gbnf({"type": "array", "items": {"type": "integer"}, "maxItems": 500})
+    json_schema_to_gbnf({"enum": [f"value {i}" for i in range(1000)]})
+    many = {f"field_{i}": {"type": "string", "maxLength": 50} for i in range(200)}
+    check_grammar(json_schema_to_gbnf({"type": "object", "properties": many}))
+
+
+# --- request parameters -------------------------------------------------------------------------
+
+SETTINGS = ServerSettings()
+
+
+def api_error(body: dict) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse_generation(body, SETTINGS)
+    assert info.value.code == 400 and info.value.type == "invalid_request_error"
+    return info.value
+
+
+def test_request_grammar_past_a_limit_is_a_400_naming_it():
+    err = api_error({"grammar": NESTED})
+    assert err.message.startswith("Field 'grammar': grammar nesting depth 100000 exceeds")
+    assert "Field 'grammar': grammar size" in api_error({"grammar": HUGE}).message
+
+
+def test_request_json_schema_past_a_limit_is_a_400_naming_it():
+    err = api_error({"json_schema": {"type": "string", "maxLength": 20000}})
+    assert "maxLength 20000 exceeds the limit of" in err.message
+    err = api_error({"json_schema": {"type": "array", "minItems": 1e6}})
+    assert "minItems 1000000 exceeds the limit of" in err.message
+
+
+def test_repeat_last_n_minus_one_means_the_context_and_large_values_are_clamped():
+    gen = parse_generation({"repeat_last_n": -1, "repeat_penalty": 1.1}, SETTINGS)
+    assert gen.sampling.repeat_last_n == -1
+    assert "repeat_last_n" in api_error({"repeat_last_n": -2}).message
+    assert penalty_window(-1, 2048) == 2048
+    assert penalty_window(2**31 - 1, 2048) == 2048
+    assert penalty_window(64, 2048) == 64
+    assert penalty_window(0, 2048) == 0
+
+
+@pytest.mark.parametrize("grammar", ['root ::= ("a"?){0,1000}', "root ::= x{0,300}\nx ::= [a]?"])
+def test_repeated_group_or_rule_is_bounded_more_tightly(grammar):
+    # A part that may match nothing, repeated: llama.cpp spends minutes per token on it.
+    message = refused(check_grammar, grammar)
+    assert f"exceeds the limit of {gl.GRAMMAR_MAX_GROUP_REPETITION}" in message
+    check_grammar(f'root ::= ("a"?){{0,{gl.GRAMMAR_MAX_GROUP_REPETITION}}}')
