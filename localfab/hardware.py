@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localfab.errors import UsageError
-
-MiB = 1024 * 1024
-GiB = 1024 * MiB
+from localfab.units import GiB, MiB
 
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",

@@ -93,7 +93,9 @@ def test_repetition_of_a_long_literal_is_refused_by_expanded_size():
 
 def test_brackets_in_strings_classes_and_comments_do_not_count():
     deep = "(" * 5000
-    grammar = f'root ::= "{deep}" [{deep}] <{deep}> # {deep}\n'
+    # Classes are bounded in size: several of them hold more brackets than the nesting limit.
+    classes = " ".join(f"[{'(' * 100}]" for _ in range(gl.GRAMMAR_MAX_NESTING // 100 + 1))
+    grammar = f'root ::= "{deep}" {classes} <{deep}> # {deep}\n'
     check_grammar(grammar)
 
 
@@ -234,4 +236,106 @@ def test_repeated_group_or_rule_is_bounded_more_tightly(grammar):
     # A part that may match nothing, repeated: llama.cpp spends minutes per token on it.
     message = refused(check_grammar, grammar)
     assert f"exceeds the limit of {gl.GRAMMAR_MAX_GROUP_REPETITION}" in message
-    check_grammar(f'root ::= ("a"?){{0,{gl.GRAMMAR_MAX_GROUP_REPETITION}}}')
+    # A group that must match something may be repeated up to the limit.
+    check_grammar(f'root ::= ("a" "b"?){{0,{gl.GRAMMAR_MAX_GROUP_REPETITION}}}')
+
+
+# --- costly per token: runs of optional elements, long classes, hidden repetition counts --------
+
+OPTIONAL_RUN = "root ::= " + '"a"? ' * 200  # seconds to minutes a token before it was refused
+LONG_CLASS = "root ::= [^" + "a" * 100_000 + "]"  # seconds a token
+HIDDEN_BOUND = 'root ::= (("a"?){#}\n0,150})'  # llama.cpp reads {0,150}: 11 s a token
+OPTIONAL_PATTERN = {"type": "string", "pattern": "^" + "a?" * 200 + "$"}
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        OPTIONAL_RUN,
+        "root ::= " + '" "? ' * (gl.GRAMMAR_MAX_NULLABLE_RUN + 1),
+        "root ::= " + "[ \\t\\n]* " * (gl.GRAMMAR_MAX_NULLABLE_RUN + 1),
+        "root ::= " + '"a"+ ' * (gl.GRAMMAR_MAX_NULLABLE_RUN + 1),
+        "root ::= " + '"a"{0,3} ' * (gl.GRAMMAR_MAX_NULLABLE_RUN + 1),
+        "root ::= " + '("a" | ) ' * (gl.GRAMMAR_MAX_NULLABLE_RUN + 1),
+        'root ::= " "?{24}',  # 24 copies of an optional space
+        'root ::= (" "?){24}',
+        'root ::= ((" "? " "?){3}){2}',  # nested repetitions multiply
+        "root ::= " + "s " * (gl.GRAMMAR_MAX_NULLABLE_RUN + 1) + '\ns ::= " "?',  # via a rule
+        's ::= " "?\nroot ::= ' + "s " * (gl.GRAMMAR_MAX_NULLABLE_RUN + 1),
+        'root ::= s s\ns ::= [^"]? [^"]?',  # almost any character: counts 3 each
+        'root ::= [^"]? [^"]?',
+    ],
+)
+def test_runs_of_optional_elements_are_refused(grammar):
+    message = refused(check_grammar, grammar)
+    assert "grammar run of optional elements" in message
+    assert f"exceeds the limit of {gl.GRAMMAR_MAX_NULLABLE_RUN}" in message
+
+
+def test_runs_of_optional_elements_within_the_limit_pass():
+    check_grammar("root ::= " + '" "? ' * gl.GRAMMAR_MAX_NULLABLE_RUN)
+    check_grammar('root ::= [^"]? "x" [^"]?')  # a required element ends the run
+    check_grammar('root ::= "a" ("b" ("c" ("d" ("e" ("f" "g"?)?)?)?)?)?')  # nested: one at a time
+    check_grammar('root ::= "[" ws (item ("," ws item)*)? "]"\nitem ::= [a-z]+ ws\nws ::= [ ]?')
+
+
+def test_optional_element_total_is_bounded():
+    # Each run is short, but the repetitions multiply into many copies of optional elements.
+    grammar = 'root ::= ((("a" "b"? "c"?){30} "d"){30} "e"){30}'
+    message = refused(check_grammar, grammar)
+    assert "grammar optional element count" in message
+    assert f"exceeds the limit of {gl.GRAMMAR_MAX_NULLABLE}" in message
+
+
+def test_optional_run_from_a_json_schema_pattern_is_refused():
+    message = refused(json_schema_to_gbnf, OPTIONAL_PATTERN)
+    assert "grammar run of optional elements" in message
+
+
+def test_long_character_class_is_refused():
+    message = refused(check_grammar, LONG_CLASS)
+    assert "grammar character class size 100000 characters" in message
+    assert f"exceeds the limit of {gl.GRAMMAR_MAX_CLASS}" in message
+    # Many classes under the limit each, together past the total.
+    per = gl.GRAMMAR_MAX_CLASS - 8
+    count = gl.GRAMMAR_MAX_CLASS_TOTAL // per + 1
+    classes = " ".join(f"[^{chr(0x4E00 + i) * per}]" for i in range(count))
+    assert "grammar character classes' total size" in refused(check_grammar, f"root ::= {classes}")
+    check_grammar(f"root ::= [^{'a' * gl.GRAMMAR_MAX_CLASS}] [\\x00-\\x1F\\u00e9-\\u00ff]")
+
+
+@pytest.mark.parametrize(
+    ("grammar", "shown"),
+    [
+        (HIDDEN_BOUND, "grammar repetition count of a group or rule 150"),
+        ('root ::= "x"{ # a comment with a } in it\n 0, 100000 }', "grammar repetition count"),
+        ('root ::= "x"{0,#}\n100000}', "grammar repetition count 100000"),
+        ('root ::= "x"{0,1_000_000}', "is not of the form"),
+        ('root ::= "x"{0,+5}', "is not of the form"),
+    ],
+)
+def test_repetition_bounds_are_read_as_llama_cpp_reads_them(grammar, shown):
+    assert shown in refused(check_grammar, grammar)
+
+
+def test_a_comment_ended_by_a_carriage_return_hides_nothing():
+    # llama.cpp ends a comment at \r as well as \n: what follows is grammar.
+    grammar = 'root ::= "a" # note\rx ::= ' + '"a"? ' * 100
+    assert "grammar run of optional elements" in refused(check_grammar, grammar)
+
+
+def test_plain_repetition_bounds_with_spaces_pass():
+    check_grammar('root ::= "x"{ 2 , 5 } "y"{3} "z"{1,}')
+
+
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [
+        ({"grammar": OPTIONAL_RUN}, "grammar run of optional elements"),
+        ({"grammar": LONG_CLASS}, "grammar character class size"),
+        ({"grammar": HIDDEN_BOUND}, "grammar repetition count of a group or rule 150"),
+        ({"json_schema": OPTIONAL_PATTERN}, "grammar run of optional elements"),
+    ],
+)
+def test_costly_grammars_are_a_400_naming_the_limit(body, shown):
+    assert shown in api_error(body).message

@@ -31,9 +31,18 @@ ORDINARY = {"prompt": "Hi", "n_predict": 2}
 @pytest.fixture(scope="module")
 def server(model_path: Path) -> Iterator[ServerProcess]:
     with serve(model_path, "-c", "2048", "-t", "2") as srv:
-        # Warm up (first decode allocates compute buffers), then measure the idle size.
-        reply = httpx.post(srv.url + "/completion", json=ORDINARY, timeout=120)
-        assert reply.status_code == 200, reply.text
+        # Warm up with what ordinary clients send (the first decode allocates compute buffers;
+        # the first grammar loads the converter and grows the allocator's arenas), then measure
+        # the idle size: hostile requests are judged against a server that has been used.
+        small_schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+        for path, body in (
+            ("/completion", ORDINARY),
+            ("/completion", {**ORDINARY, "grammar": 'root ::= "yes" | "no"'}),
+            ("/completion", {**ORDINARY, "json_schema": small_schema}),
+            ("/v1/chat/completions", chat(response_format=schema_format(small_schema))),
+        ):
+            reply = httpx.post(srv.url + path, json=body, timeout=300)
+            assert reply.status_code == 200, reply.text
         srv.idle_rss = srv.rss()  # type: ignore[attr-defined]
         yield srv
 
@@ -202,3 +211,52 @@ def test_client_leaving_a_slow_grammar_request_frees_the_engine(server):
     assert after.status_code == 200 and after.json()["tokens_predicted"] == 2
     assert server.alive()
     assert not watch.failures and watch.worst < 1.0
+
+
+# Grammars that once froze the server for seconds to minutes a token (llama.cpp's grammar sampler
+# runs under the engine lock): runs of optional elements, one huge character class, repetition
+# counts hidden from the limits by a comment llama.cpp skips, and a schema pattern that becomes
+# the first of these. They are refused before llama.cpp sees them. Last in the file: the schema
+# test above leaves the server's memory close to what `survive` allows (~577 of 597 MiB), and a
+# few MiB more from these before it made that test fail now and then.
+OPTIONAL_RUN = "root ::= " + '"a"? ' * 200
+LONG_CLASS = "root ::= [^" + "a" * 100_000 + "]"
+HIDDEN_BOUND = 'root ::= (("a"?){#}\n0,150})'
+OPTIONAL_PATTERN = {"type": "string", "pattern": "^" + "a?" * 200 + "$"}
+RUN_MESSAGE = f"exceeds the limit of {gl.GRAMMAR_MAX_NULLABLE_RUN}"
+
+COSTLY = [
+    ("/completion", {"prompt": "Hi", "n_predict": 4, "grammar": OPTIONAL_RUN}, RUN_MESSAGE),
+    ("/v1/chat/completions", chat(grammar=OPTIONAL_RUN), RUN_MESSAGE),
+    (
+        "/completion",
+        {"prompt": "Hi", "n_predict": 4, "grammar": LONG_CLASS},
+        "grammar character class size 100000 characters exceeds the limit of "
+        f"{gl.GRAMMAR_MAX_CLASS}",
+    ),
+    (
+        "/completion",
+        {"prompt": "Hi", "n_predict": 4, "grammar": HIDDEN_BOUND},
+        "grammar repetition count of a group or rule 150 exceeds the limit of "
+        f"{gl.GRAMMAR_MAX_GROUP_REPETITION}",
+    ),
+    (
+        "/completion",
+        {"prompt": "Hi", "n_predict": 4, "json_schema": OPTIONAL_PATTERN},
+        RUN_MESSAGE,
+    ),
+    (
+        "/v1/chat/completions",
+        chat(response_format=schema_format(OPTIONAL_PATTERN)),
+        RUN_MESSAGE,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "shown"),
+    COSTLY,
+    ids=["run", "run-chat", "class", "hidden-bound", "pattern", "pattern-chat"],
+)
+def test_grammar_costly_per_token_is_refused(server, path, body, shown):
+    assert shown in error_message(survive(server, path, body))

@@ -100,7 +100,9 @@ def fit_turns(
     first turn to keep is searched for from the newest turn backwards, doubling the step and
     then halving it: the prompts built are never much longer than the one that fits, however
     long the conversation is (dropping one turn at a time from the oldest would build the
-    whole conversation once per dropped turn).
+    whole conversation once per dropped turn). Where a template makes a prompt shorter with
+    more turns (one that puts the system prompt into the first user turn, say), the search
+    can keep fewer turns than the oldest start that fits; what it keeps always fits.
     """
     tokens = tokens_from(start)
     n_before = len(tokens)

@@ -3,7 +3,9 @@
 llama.cpp's grammar parser recurses once per nested group (100k nested parentheses overflow
 the stack), copies a repeated element once per repetition (`"x"{0,1000000}`), and its sampler
 keeps one parse stack per alternative that can start here, each compared against the whole
-vocabulary on every token. llama-cpp-python's JSON-schema converter turns `maxLength: N` into N
+vocabulary on every token; runs of optional elements multiply the ways a token's text can be
+split between them, all of which the sampler tries, and it scans a character class's characters
+one by one. llama-cpp-python's JSON-schema converter turns `maxLength: N` into N
 nested groups and builds the whole string first. A request past any of these limits gets a 400
 that names the limit instead of a crashed or frozen server.
 
@@ -37,6 +39,21 @@ GRAMMAR_MAX_GROUP_REPETITION = 32
 # Grammar elements once every x{m,n} is expanded, nested repetitions multiplied: llama.cpp
 # copies x, and each copy of a part that may match nothing is another parse stack per token.
 GRAMMAR_MAX_EXPANDED = 100_000
+# Nullable elements (`x?`, `x*`, `x+`, `x{m,n}` with m < n: each an alternative with an empty
+# branch in llama.cpp) that one position reaches without consuming a character. Each is one more
+# way to split a token's text, and llama.cpp's sampler tries every split for every token of the
+# vocabulary: `"a"? ` x 100 costs seconds a token. One that may start with almost any character
+# (a negated class, `.`, a rule not defined yet) counts 3. Measured on a 262k vocabulary (CPU time
+# per token): `[ \t\n]? ` x 5 46 ms, x 6 91 ms; `[^"]? ` x 1 31 ms, x 2 65 ms; llama.cpp's
+# json.gbnf (a run of 4) 26 ms; a bare `[^"]` 23 ms.
+GRAMMAR_MAX_NULLABLE_RUN = 5
+# Nullable elements in the whole grammar, repetitions of groups multiplied.
+GRAMMAR_MAX_NULLABLE = 50_000
+# Characters and ranges in one character class: llama.cpp scans them one by one for every
+# character it tries (`[^aaa...]` of 100k characters costs seconds a token; 128 costs 41 ms,
+# 256 60 ms, 1024 170 ms), and in all classes together (llama.cpp's own grammars have <= 53).
+GRAMMAR_MAX_CLASS = 128
+GRAMMAR_MAX_CLASS_TOTAL = 2048
 
 SCHEMA_MAX_NODES = 20_000  # objects and arrays in the schema document
 SCHEMA_MAX_DEPTH = 64  # nested objects/arrays in the schema document
@@ -77,16 +94,217 @@ _GBNF_TOKEN = re.compile(
     r"""
     (?P<str>"(?:\\.|[^"\\])*"?)
     | (?P<cls>\[(?:\\.|[^\]\\])*\]?)
-    | (?P<com>\#[^\n]*)
+    | (?P<com>\#[^\r\n]*)
     | (?P<tok><[^>\n]*>)
     | (?P<rule>::=)
-    | (?P<rep>\{[^}]*\}?)
+    | (?P<rep>\{(?:\#[^\r\n]*|[^}\#])*\}?)
     | (?P<op>[()|*+?])
     | (?P<ref>[A-Za-z0-9_.-]+)
     """,
     re.VERBOSE | re.DOTALL,
 )
 _REP_BOUNDS = re.compile(r"\{\s*(\d*)\s*(?:(,)\s*(\d*)\s*)?\}")
+# llama.cpp skips spaces, newlines and `#` comments between the parts of `{m,n}`.
+_REP_SPACE = re.compile(r"\#[^\r\n]*|\s+")
+_GBNF_REP_BOUNDS = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
+
+
+# An element's reach: (lead, trail, through, total). `lead`: nullable elements reachable from its
+# start without consuming a character; `trail`: those reachable backwards from its end; `through`:
+# those passed when it matches nothing (-1: it cannot); `total`: nullable elements in it,
+# repetitions multiplied.
+_Reach = tuple[int, int, int, int]
+_FIXED: _Reach = (0, 0, -1, 0)
+_UNKNOWN: tuple[_Reach, int] = (_FIXED, 3)  # a rule not defined yet
+_BIG = 10**9
+
+
+class _Nullables:
+    """Runs of nullable elements, computed alongside check_grammar's single pass."""
+
+    def __init__(self, known: dict[str, tuple[_Reach, int]]) -> None:
+        self.known = known  # rules seen in an earlier pass: a reference reaches what they do
+        self.rules: dict[str, tuple[_Reach, int]] = {}  # reach and weight of each rule
+        self.forward: set[str] = set()  # rules referred to before their definition
+        self.added = False  # the last reference added its name to `forward`
+        self.total = 0
+        self.name = ""
+        self.top_alts: list[_Reach] = []  # finished alternatives of the rule itself
+        self.top_w = 1
+        self.w = 1  # weight of the pending element's own optional branch
+        self._start_rule()
+
+    def _start_rule(self) -> None:
+        self.frames: list[list[_Reach]] = []  # finished alternatives of each open group
+        self.seqs: list[list[int]] = [[0, 0, 0, 0]]  # lead, run, through, total of each sequence
+        # Weight of what can come first in each open sequence / finished group alternatives.
+        self.seq_w: list[int] = [1]
+        self.frame_w: list[int] = []
+        self.pending: _Reach | None = None
+        self.pending_name = ""
+
+    @staticmethod
+    def check(run: int) -> None:
+        if run > GRAMMAR_MAX_NULLABLE_RUN:
+            raise _too(
+                "grammar run of optional elements",
+                f"{min(run, _BIG)} (`?`, `*`, `+`, `{{m,n}}` in a row; one that may start with "
+                "almost any character counts 3)",
+                GRAMMAR_MAX_NULLABLE_RUN,
+                "make fewer elements in a row optional, or nest them: `(x (x)?)?`",
+            )
+
+    def _add(self, seq: list[int], a: _Reach) -> None:
+        lead, run, through, total = seq
+        al, at, ath, atot = a
+        self.check(run + al)
+        if through >= 0:
+            lead = max(lead, through + al)
+        if ath >= 0:
+            run = min(max(run + ath, at), _BIG)
+            through = through + ath if through >= 0 else -1
+        else:
+            run, through = at, -1
+        self.check(run)
+        seq[:] = [lead, run, through, min(total + atot, _BIG)]
+
+    @staticmethod
+    def _end(seq: list[int]) -> _Reach:
+        lead, run, through, total = seq
+        return (max(lead, through), run, through, total)
+
+    def _flush(self) -> None:
+        if self.pending is not None:
+            if self.seqs[-1][2] >= 0:  # all before it may match nothing: it can come first
+                self.seq_w[-1] = max(self.seq_w[-1], self.w)
+            self._add(self.seqs[-1], self.pending)
+            self.pending = None
+
+    def atom(self, name: str = "", wide: bool = False) -> None:
+        self._flush()
+        # An optional part that can start with almost any character (a negated class, `.`, a
+        # rule not seen yet) splits every token of the vocabulary many ways: it counts 3 times.
+        self.added = bool(name) and name not in self.rules and name not in self.forward
+        if self.added:
+            self.forward.add(name)
+        if name:  # a rule defined above, else one known from the first pass
+            reach, self.w = self.rules.get(name) or self.known.get(name, _UNKNOWN)
+        else:
+            reach, self.w = _FIXED, 1
+        if wide:
+            self.w = 3
+        self.pending = (*reach[:3], 0)  # the rule's own elements are counted where it is defined
+        self.pending_name = name
+
+    def op(self, op: str) -> None:
+        a = self.pending
+        if a is None:
+            return  # llama.cpp reports the stray operator
+        al, at, ath, atot = a
+        if op in "*+":
+            # `x+` is `x x*`: it must match something, but how much is open, and the split of a
+            # token's text between it and its neighbours is as open as with `x*`.
+            self.pending = self._star(a)
+        else:
+            w = self.w
+            self.pending = (al + w, max(at, w), max(ath, 0) + w, min(atot + 1, _BIG))
+        self._count(self.pending[3] - atot)
+
+    def _star(self, a: _Reach) -> _Reach:
+        al, at, ath, atot = a
+        w = self.w
+        self.check(at + al + w)  # one repetition's end meets the next one's start
+        return (al + w, at + w, max(ath, 0) + w, min(atot + 1, _BIG))
+
+    def rep(self, lo: int, hi: int | None) -> None:
+        a = self.pending
+        if a is None:
+            return
+        al, at, ath, atot = a
+        opt = 1 if hi is None or lo < hi else 0
+        w = self.w * opt
+        n = max(lo, hi or lo + 1)
+        if ath >= 0:  # every copy of a part that may match nothing adds to the run
+            reach = min(n * max(ath, al, at, 1) + w, _BIG)
+            new = (reach, reach, min(n * ath + w, _BIG), min(n * atot + opt, _BIG))
+        else:
+            if n > 1:
+                self.check(at + al + w)
+            if lo == 0:
+                new = (al + w, at + w, w, min(n * atot + opt, _BIG))
+            else:
+                new = (al, at + w, -1, min(n * atot + opt, _BIG))
+        self.pending = new
+        self._count(new[3] - atot)
+
+    def _count(self, added: int) -> None:
+        self.total = min(self.total + max(added, 0), _BIG)
+        if self.total > GRAMMAR_MAX_NULLABLE:
+            raise _too(
+                "grammar optional element count",
+                self.total,
+                GRAMMAR_MAX_NULLABLE,
+                "use fewer `?`, `*`, `+` and `{m,n}`, or smaller repetition counts",
+            )
+
+    def open(self) -> None:
+        self._flush()
+        self.frames.append([])
+        self.frame_w.append(1)
+        self.seqs.append([0, 0, 0, 0])
+        self.seq_w.append(1)
+
+    def bar(self) -> None:
+        self._flush()
+        if self.frames:
+            self.frames[-1].append(self._end(self.seqs.pop()))
+            self.frame_w[-1] = max(self.frame_w[-1], self.seq_w.pop())
+        else:
+            self.top_alts.append(self._end(self.seqs.pop()))
+            self.top_w = max(self.top_w, self.seq_w.pop())
+        self.seqs.append([0, 0, 0, 0])
+        self.seq_w.append(1)
+
+    def close(self) -> None:
+        self._flush()
+        if not self.frames:
+            return  # a stray `)`: llama.cpp reports it
+        alts = self.frames.pop()
+        alts.append(self._end(self.seqs.pop()))
+        self.pending = self._join(alts)
+        self.w = max(self.frame_w.pop(), self.seq_w.pop())
+
+    @staticmethod
+    def _join(alts: list[_Reach]) -> _Reach:
+        lead = max(a[0] for a in alts)
+        trail = max(a[1] for a in alts)
+        throughs = [a[2] for a in alts if a[2] >= 0]
+        total = min(sum(a[3] for a in alts), _BIG)
+        if not throughs:
+            return (lead, trail, -1, total)
+        # An empty alternative beside others is one more way to match nothing, like `?`.
+        extra = 1 if len(alts) > 1 else 0
+        return (lead + extra, max(trail, extra), max(throughs) + extra, total)
+
+    def rule(self, name: str) -> None:
+        """`name ::=` begins a rule; the reference to `name` just seen is its name, not an atom."""
+        if self.added:  # the name was taken for a reference
+            self.forward.discard(name)
+        self.pending = None
+        self.end_rule()
+        self.name = name
+
+    def end_rule(self) -> None:
+        self._flush()
+        while self.frames:  # unclosed groups: llama.cpp reports them
+            self.close()
+            self._flush()
+        alts = [*self.top_alts, self._end(self.seqs.pop())]
+        if self.name:
+            self.rules[self.name] = (self._join(alts), max(self.top_w, self.seq_w.pop()))
+        self.top_alts = []
+        self.top_w = 1
+        self._start_rule()
 
 
 def _bound(text: str, what: str, limit: int, hint: str) -> int:
@@ -98,6 +316,26 @@ def _bound(text: str, what: str, limit: int, hint: str) -> int:
 
 def check_grammar(grammar: str) -> None:
     """Raise GrammarLimitError when `grammar` (GBNF) is past a limit; cheap and linear."""
+    # A reference to a rule defined further down reads as one that must match something; a
+    # second pass knows those rules. Only one: through recursive rules the reach grows with the
+    # input (`term ::= "-" term | ...`), not with the grammar, and would never settle.
+    rules, forward = _scan(grammar, {})
+    if any(rules.get(name, _UNKNOWN)[0] != _FIXED for name in forward):
+        _scan(grammar, rules)
+
+
+_CLASS_ITEM = re.compile(r"\\x[0-9A-Fa-f]{2}|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}|\\.|.", re.DOTALL)
+
+
+def _class_size(cls: str) -> int:
+    """Characters and ranges in a class token `[...]` (a range counts as its two ends)."""
+    body = cls[1:-1] if cls.endswith("]") else cls[1:]
+    return sum(1 for item in _CLASS_ITEM.finditer(body.removeprefix("^")) if item.group() != "-")
+
+
+def _scan(
+    grammar: str, known: dict[str, tuple[_Reach, int]]
+) -> tuple[dict[str, tuple[_Reach, int]], set[str]]:
     if len(grammar) > GRAMMAR_MAX_BYTES or len(grammar.encode("utf-8", "replace")) > (
         GRAMMAR_MAX_BYTES
     ):
@@ -114,21 +352,43 @@ def check_grammar(grammar: str) -> None:
     current = 0  # elements in the innermost open sequence
     last = 0  # elements of the atom a following repetition operator applies to
     last_is_group = False  # that atom is a group or a rule reference (it may match nothing)
+    runs = _Nullables(known)
+    class_total = 0
     for m in _GBNF_TOKEN.finditer(grammar):
         kind = m.lastgroup
         if kind == "com":
             continue
         if kind in ("str", "cls"):
+            runs.atom(wide=m.group().startswith("[^"))
+            if kind == "cls":
+                size = _class_size(m.group())
+                class_total += size
+                if size > GRAMMAR_MAX_CLASS:
+                    raise _too(
+                        "grammar character class size",
+                        f"{size} characters",
+                        GRAMMAR_MAX_CLASS,
+                        "use ranges (`[a-z]`) or fewer characters in one class",
+                    )
+                if class_total > GRAMMAR_MAX_CLASS_TOTAL:
+                    raise _too(
+                        "grammar character classes' total size",
+                        f"{class_total} characters",
+                        GRAMMAR_MAX_CLASS_TOTAL,
+                        "use ranges (`[a-z]`) or fewer character classes",
+                    )
             last_is_group = False
             # llama.cpp repeats a literal or class element by element (escapes make the length
             # an overestimate); unrepeated, it counts once, like any other atom.
             last = max(len(m.group()) - 2, 1)
             current += 1
         elif kind in ("tok", "ref"):
+            runs.atom(m.group() if kind == "ref" and m.group() != "." else "", m.group() == ".")
             last = 1
             current += 1
             last_is_group = kind == "ref" and m.group() != "."
         elif kind == "rule":
+            runs.rule(runs.pending_name)
             rules += 1
             if rules + groups > GRAMMAR_MAX_RULES:
                 raise _too(
@@ -142,13 +402,16 @@ def check_grammar(grammar: str) -> None:
             depth = 0  # a new rule starts at the top level; stray ( are llama.cpp's to report
             stack.clear()
         elif kind == "rep":
-            bounds = _REP_BOUNDS.fullmatch(m.group())
+            # As llama.cpp reads it: spaces, newlines and comments between the parts skipped.
+            bounds = _GBNF_REP_BOUNDS.fullmatch(_REP_SPACE.sub("", m.group()))
             if bounds is None:
-                continue  # malformed: llama.cpp's parser says so
+                shown = m.group() if len(m.group()) <= 40 else m.group()[:36] + "..."
+                raise GrammarLimitError(
+                    f"grammar repetition {shown!r} is not of the form {{m}}, {{m,}} or {{m,n}}; "
+                    "write the counts as plain numbers"
+                )
             hint = "use a smaller repetition count or `*`/`+`"
-            lo = _bound(
-                bounds.group(1) or "0", "grammar repetition count", GRAMMAR_MAX_REPETITION, hint
-            )
+            lo = _bound(bounds.group(1), "grammar repetition count", GRAMMAR_MAX_REPETITION, hint)
             hi_text = bounds.group(3)
             hi = (
                 _bound(hi_text, "grammar repetition count", GRAMMAR_MAX_REPETITION, hint)
@@ -162,6 +425,7 @@ def check_grammar(grammar: str) -> None:
                     GRAMMAR_MAX_GROUP_REPETITION,
                     "repeat a literal or character class instead, or use `*`/`+`",
                 )
+            runs.rep(lo, hi if hi_text else (None if bounds.group(2) else lo))
             added = last * max(lo, hi)
             current += added
             if current + expanded > GRAMMAR_MAX_EXPANDED:
@@ -173,7 +437,10 @@ def check_grammar(grammar: str) -> None:
                 )
         else:
             op = m.group()
+            if op in "?*+":
+                runs.op(op)
             if op == "(":
+                runs.open()
                 depth += 1
                 groups += 1
                 if depth > max_depth:
@@ -195,12 +462,14 @@ def check_grammar(grammar: str) -> None:
                 stack.append(current)
                 current = last = 0
             elif op == ")":
+                runs.close()
                 depth = max(depth - 1, 0)
                 # A repetition of the group repeats everything in it (nested ones multiply).
                 last = current
                 current = (stack.pop() if stack else 0) + last
                 last_is_group = True
             elif op == "|":
+                runs.bar()
                 alternatives += 1
                 if alternatives > GRAMMAR_MAX_ALTERNATIVES:
                     raise _too(
@@ -217,6 +486,8 @@ def check_grammar(grammar: str) -> None:
                 GRAMMAR_MAX_EXPANDED,
                 "use smaller repetition counts",
             )
+    runs.end_rule()
+    return runs.rules, runs.forward
 
 
 def _total_depth(grammar: str, start: int) -> int:
@@ -231,7 +502,7 @@ def _total_depth(grammar: str, start: int) -> int:
     return GRAMMAR_MAX_NESTING + int(np.cumsum(steps).max(initial=1))
 
 
-_QUOTED = re.compile(r'"(?:\\.|[^"\\])*"?|\[(?:\\.|[^\]\\])*\]?|#[^\n]*|<[^>\n]*>', re.DOTALL)
+_QUOTED = re.compile(r'"(?:\\.|[^"\\])*"?|\[(?:\\.|[^\]\\])*\]?|#[^\r\n]*|<[^>\n]*>', re.DOTALL)
 
 
 def _count_alternatives(grammar: str) -> int:

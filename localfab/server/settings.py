@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from localfab import __version__
 from localfab.engine.types import SamplingParams
+from localfab.units import MiB
 
-MiB = 1024 * 1024
 # The engine's sampling defaults (llama-server's): one definition, not a copy per layer.
 _SAMPLING = SamplingParams()
 
