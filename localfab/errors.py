@@ -62,3 +62,9 @@ class HubError(LocalfabError):
 
 class ModelCorrupt(ModelError):
     """A GGUF header that parses but holds wrongly typed or impossible values."""
+
+
+class LoadCancelled(LocalfabError):
+    """A model load stopped on request (its progress callback said stop); nothing stays loaded."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,12 +111,21 @@ def plan_for(path: Path, wishes: Wishes) -> tuple[Plan, Machine]:
     return plan(read_facts(path), machine, wishes), machine
 
 
-def load_model(path: Path, settings: EngineSettings) -> LoadedModel:
-    """Load the engine and resolve its chat template."""
+def load_model(
+    path: Path,
+    settings: EngineSettings,
+    *,
+    progress: Callable[[float], bool] | None = None,
+) -> LoadedModel:
+    """Load the engine and resolve its chat template.
+
+    `progress` gets the fraction of the weights loaded; returning False cancels the load
+    (`LoadCancelled`).
+    """
     from localfab.chat.prompt import PromptBuilder
     from localfab.engine import Engine
 
-    engine = Engine(path, settings)
+    engine = Engine(path, settings, progress=progress)
     prompts = PromptBuilder(engine)
     notices = [prompts.notice] if prompts.notice else []
     if engine.n_ctx != settings.n_ctx:

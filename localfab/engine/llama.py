@@ -20,6 +20,7 @@ from pathlib import Path
 
 import llama_cpp as lc
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from localfab.engine.sampling import GuardedSampler
 from localfab.engine.text import StopMatcher, Utf8Stream
@@ -32,22 +33,20 @@ from localfab.engine.types import (
     TokenEvent,
     TokenProbs,
 )
-from localfab.errors import ContextOverflow, LocalfabError, ModelError, UsageError
+from localfab.errors import (
+    ContextOverflow,
+    LoadCancelled,
+    LocalfabError,
+    ModelError,
+    UsageError,
+)
 from localfab.modelfile import check_gguf_file
+from localfab.units import KV_CACHE_TYPES
 
 log = logging.getLogger("localfab.engine")
 
-_GGML_TYPES = {
-    "f32": lc.GGML_TYPE_F32,
-    "f16": lc.GGML_TYPE_F16,
-    "bf16": 30,
-    "q8_0": lc.GGML_TYPE_Q8_0,
-    "q4_0": lc.GGML_TYPE_Q4_0,
-    "q4_1": 3,
-    "iq4_nl": 20,
-    "q5_0": 6,
-    "q5_1": 7,
-}
+# The KV cache types localfab offers, as ggml type ids (gguf's enum: the bindings lack BF16).
+_GGML_TYPES = {name: int(GGMLQuantizationType[name.upper()]) for name in KV_CACHE_TYPES}
 _FLASH_ATTN = {
     "auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -222,10 +221,58 @@ def _load_error(path: Path, lines: Sequence[str], what: str) -> str:
     return f"{path}: llama.cpp could not {what} ({detail})"
 
 
+class _LoadProgress:
+    """Bridges llama.cpp's load progress callback to a Python `progress(fraction) -> bool`.
+
+    llama.cpp calls it once per tensor, from the loading thread. An exception in the Python
+    callback cannot cross the C boundary: it stops the load and is raised afterwards.
+    """
+
+    def __init__(self, progress: Callable[[float], bool]) -> None:
+        self._progress = progress
+        self.stopped = False
+        self.error: BaseException | None = None
+        self.callback = lc.llama_progress_callback(self._on_progress)
+
+    def _on_progress(self, fraction: float, _user: ctypes.c_void_p) -> bool:
+        if self.stopped:
+            return False
+        try:
+            keep_going = self._progress(min(max(float(fraction), 0.0), 1.0))
+        except BaseException as exc:  # re-raised on the loading thread once llama.cpp returns
+            self.error = exc
+            keep_going = False
+        if keep_going is False:
+            self.stopped = True
+            return False
+        return True
+
+    def raise_if_stopped(self, model: object) -> None:
+        """After the load: raise what stopped it (llama.cpp has freed the partial model)."""
+        if not self.stopped:
+            return
+        if model:  # stopped at the very end: llama.cpp kept the model, so free it here
+            lc.llama_model_free(model)
+        if self.error is not None:
+            raise self.error
+        raise LoadCancelled("the model load was cancelled")
+
+
 class Engine:
     """One loaded model with its context. Not thread-safe: one generation at a time."""
 
-    def __init__(self, path: str | Path, settings: EngineSettings | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        settings: EngineSettings | None = None,
+        *,
+        progress: Callable[[float], bool] | None = None,
+    ) -> None:
+        """Load the model at `path`.
+
+        `progress`, if given, is called from this thread with the fraction of the weights loaded
+        (0.0 to 1.0); returning False stops the load, which raises `LoadCancelled`.
+        """
         self.path = Path(path)
         self.settings = settings or EngineSettings()
         check_gguf_file(self.path)
@@ -252,7 +299,14 @@ class Engine:
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = s.n_gpu_layers
         mparams.use_mmap = s.use_mmap
+        watcher = _LoadProgress(progress) if progress is not None else None
+        if watcher is not None:
+            # The ctypes callback object must outlive the call that uses it: it is kept on the
+            # watcher, which lives until the load returns.
+            mparams.progress_callback = watcher.callback
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if watcher is not None:
+            watcher.raise_if_stopped(self._model)
         if not self._model:
             raise ModelError(
                 _load_error(self.path, _log_since(mark), "load it")

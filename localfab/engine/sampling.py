@@ -10,8 +10,9 @@ end-of-generation is allowed) and `ignore_eos` or a logit bias forbids that.
 Here the grammar is applied first, on its own, to a candidate array this module owns; the
 logit biases are added in numpy; only if some candidate survives are the other samplers applied
 and the token accepted. No survivor ends the reply with GrammarDeadEnd instead. Without a grammar
-or biases nothing can abort, and the chain samples straight from the context in C, as before:
-building the candidate array in numpy costs about a millisecond a token on a 262k vocabulary.
+nothing can abort, and the chain (logit biases included) samples straight from the context in C,
+as before: building the candidate array in numpy costs about half a millisecond a token on a
+262k vocabulary.
 """
 
 from __future__ import annotations
@@ -69,21 +70,29 @@ class GuardedSampler:
                     "defines `root` (llama.cpp's log names the error)"
                 )
             self.grammar = grammar
+        # Nothing to guard without a grammar: the biases go into the chain and
+        # llama_sampler_sample applies and accepts it in one C call, as before.
+        self._native = ctx is not None and self.grammar is None
         try:
-            self.chain = self._build_chain(params, n_ctx)
+            self.chain = self._build_chain(params, n_ctx, bias if self._native else {})
         except BaseException:
             self.close()
             raise
-        # Nothing to guard: llama_sampler_sample applies and accepts the chain in one C call.
-        self._native = ctx is not None and self.grammar is None and not bias
         self._bias_ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
         self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self._ids = np.arange(n_vocab, dtype=np.int32)
         self._cand = np.empty(n_vocab, dtype=_TOKEN_DATA)
 
-    def _build_chain(self, p: SamplingParams, n_ctx: int) -> ctypes.c_void_p:
+    def _build_chain(
+        self, p: SamplingParams, n_ctx: int, bias: dict[int, float]
+    ) -> ctypes.c_void_p:
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         add = lc.llama_sampler_chain_add
+        if bias:
+            biases = (lc.llama_logit_bias * len(bias))(
+                *(lc.llama_logit_bias(token=t, bias=b) for t, b in bias.items())
+            )
+            add(chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(bias), biases))
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(
                 chain,
