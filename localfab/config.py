@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -96,6 +97,9 @@ class Config:
         default=3, metadata={"doc": "times a reply cut at the token limit is continued"}
     )
     flash_attn: str = field(default="auto", metadata={"doc": "auto, on or off"})
+    theme: str = field(
+        default="", metadata={"doc": "the terminal app's theme by name; empty: localfab-dark"}
+    )
 
     @classmethod
     def load(cls, paths: Paths, env: Mapping[str, str] | None = None) -> Config:
@@ -137,6 +141,58 @@ class Config:
         return replace(config, **converted)
 
 
+def check_setting(name: str, raw: Any, *, where: str = "config.toml") -> Any:
+    """One setting's value converted and checked as `Config.load` does; `UsageError` if not."""
+    known = {f.name: f for f in fields(Config)}
+    if name not in known:
+        raise UsageError(f"{where}: unknown setting {name}; known: {', '.join(known)}")
+    value = _convert(name, raw, type(getattr(Config(), name)), where)
+    _check_range(name, value, where)
+    return value
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def save_settings(paths: Paths, changes: Mapping[str, Any]) -> Config:
+    """Write `changes` to config.toml, keeping every other line (comments and settings) as is.
+
+    Each value is checked first, so nothing invalid is written: a `UsageError` names the
+    setting. A setting already in the file has its line replaced; a new one is appended.
+    Returns the settings as loaded from the file afterwards.
+    """
+    checked = {name: check_setting(name, raw) for name, raw in changes.items()}
+    path = paths.config_file
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if text:
+        try:
+            tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{path} is not valid TOML ({exc}): fix or delete it") from exc
+    lines = text.splitlines()
+    for name, value in checked.items():
+        line = f"{name} = {_toml_value(value)}"
+        pattern = re.compile(rf"^\s*{re.escape(name)}\s*=")
+        at = next((i for i, old in enumerate(lines) if pattern.match(old)), None)
+        if at is None:
+            lines.append(line)
+        else:
+            lines[at] = line
+    new_text = "\n".join(lines) + "\n"
+    tomllib.loads(new_text)  # what was written must read back
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(new_text, encoding="utf-8")
+    tmp.replace(path)
+    return Config.load(paths)
+
+
 # The most threads ggml can run (GGML_MAX_N_THREADS in ggml.h); more would overrun its arrays.
 MAX_THREADS = 512
 # Accepted ranges: (lowest, highest, what the message says is allowed).
@@ -167,16 +223,16 @@ def _convert(name: str, raw: Any, kind: type, where: str) -> Any:
                 return int(raw)
             return int(str(raw).strip())
         if kind is float:
-            value = float(str(raw).strip()) if isinstance(raw, str) else float(raw)
-            if not math.isfinite(value):
+            number = float(str(raw).strip()) if isinstance(raw, str) else float(raw)
+            if not math.isfinite(number):
                 raise ValueError(raw)
-            return value
-        value = str(raw).strip()
+            return number
+        text = str(raw).strip()
     except (TypeError, ValueError, OverflowError) as exc:
         raise UsageError(f"{where}: {name} must be a {_KIND_WORDS[kind]}, not {shown}") from exc
-    if name == "flash_attn" and value.lower() not in _FLASH_ATTN:
+    if name == "flash_attn" and text.lower() not in _FLASH_ATTN:
         raise UsageError(f"{where}: flash_attn must be auto, on or off, not {shown}")
-    return value.lower() if name == "flash_attn" else value
+    return text.lower() if name == "flash_attn" else text
 
 
 _KIND_WORDS: dict[type, str] = {

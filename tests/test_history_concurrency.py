@@ -128,7 +128,7 @@ def test_processes_creating_the_database_at_once_all_succeed(tmp_path: Path) -> 
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
     history = History(db)
-    assert history.schema_version == 1 and len(history.sessions()) == 4
+    assert history.schema_version == 2 and len(history.sessions()) == 4
     history.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -238,7 +239,9 @@ async def test_a_model_that_fails_to_load_shows_why_and_the_app_stays_usable(his
     reason = "gemma.gguf is truncated (120 of 241 MB): download it again with localfab pull"
     app, _ = build_app(history, fail=reason)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, ErrorDialog))
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, ErrorDialog) and app.screen.query(".dialog-body")
+        )
         assert reason in str(app.screen.query_one(".dialog-body").render())
         await pilot.press("enter")
         await wait_for(pilot, lambda: not isinstance(app.screen, ErrorDialog))
@@ -322,3 +325,55 @@ async def test_a_damaged_history_is_left_alone_and_the_app_says_chats_are_not_sa
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: any("not be saved" in n.message for n in app._notifications))
     assert damaged.read_bytes() == b"not a database " * 100
+
+
+def weights_loader(total: int, gate: threading.Event, seen: list[float]):
+    """A loader whose weights report per-tensor progress the way the engine does (through
+    `weights_progress`), holding at half-way until `gate` is set."""
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.errors import LoadCancelled
+    from localfab.tui.backend import (
+        WEIGHTS_START,
+        Loaded,
+        LoadProgress,
+        ModelInfo,
+        weights_progress,
+    )
+
+    def load(progress, cancel):
+        progress(LoadProgress("loading weights", WEIGHTS_START, "plan"))
+        on_weights = weights_progress(progress, cancel, "plan")
+        for i in range(total + 1):
+            if i == total // 2:
+                gate.wait(20)
+            if not on_weights(i / total):
+                raise LoadCancelled("the model load was cancelled")
+            seen.append(i / total)
+        eng = FakeEngine()
+        info = ModelInfo("fake-model", "/m.gguf", eng.n_ctx, 0, 18)
+        return Loaded(eng, PromptBuilder(eng), info, eng.close)
+
+    return load
+
+
+async def test_the_load_bar_shows_the_weights_fraction_and_cancel_stops_them(history):
+    from textual.widgets import ProgressBar
+
+    from localfab.tui.app import make_app
+    from localfab.tui.backend import LocalBackend
+
+    gate = threading.Event()
+    seen: list[float] = []
+    backend = LocalBackend(weights_loader(400, gate, seen), history, "fake-model")
+    app = make_app(backend=backend, history=history, model_name="fake-model")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: len(seen) >= 200)
+        bar = app.chat.query_one("#load-bar", ProgressBar)
+        await wait_for(pilot, lambda: bar.progress >= 45)
+        assert bar.total == 100 and bar.progress < 60  # a real fraction, not a spinner
+        await pilot.press("ctrl+l")
+        gate.set()
+        await wait_for(pilot, lambda: not app.chat.loading)
+        assert not app.chat.loaded
+        assert len(seen) < 400  # the weights stopped mid-way
+        assert not isinstance(app.screen, ErrorDialog)

@@ -12,22 +12,30 @@ from a cut-off one (lock free: mark it `interrupted`). The locks come from `file
 Unix, LockFileEx on Windows), in a folder beside the database.
 
 The schema is versioned with SQLite's `user_version`; each migration runs once, in order.
+Version 2 adds full-text search: an FTS5 index over the messages, kept in step by triggers.
+Where SQLite lacks FTS5 the index is not built and `search` falls back to a LIKE scan.
+
+Sessions also leave as Markdown or JSON (`export_markdown`, `export_json`), and that JSON comes
+back as a new session (`import_json`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Each entry moves the schema from version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (
-    """
+from localfab.errors import UsageError
+
+FTS_TABLE = "messages_fts"
+
+SCHEMA_1 = """
     CREATE TABLE sessions (
         id INTEGER PRIMARY KEY,
         created REAL NOT NULL,
@@ -48,8 +56,58 @@ MIGRATIONS: tuple[str, ...] = (
         updated REAL NOT NULL,
         UNIQUE (session_id, seq)
     );
-    """,
-)
+    """
+
+
+def has_fts5(db: sqlite3.Connection) -> bool:
+    """Whether this SQLite was built with FTS5."""
+    try:
+        db.execute("CREATE VIRTUAL TABLE temp.localfab_fts5_probe USING fts5(x)")
+    except sqlite3.OperationalError:
+        return False
+    db.execute("DROP TABLE temp.localfab_fts5_probe")
+    return True
+
+
+def _add_full_text(db: sqlite3.Connection) -> None:
+    """Schema 2: an external-content FTS5 index over messages.content, filled for old rows.
+
+    Without FTS5 nothing is created; search then scans with LIKE.
+    """
+    if not has_fts5(db):
+        return
+    db.execute(
+        f"CREATE VIRTUAL TABLE {FTS_TABLE} USING fts5("
+        "content, content='messages', content_rowid='id', tokenize='unicode61')"
+    )
+    db.execute(
+        f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
+        f"INSERT INTO {FTS_TABLE}(rowid, content) VALUES (new.id, new.content); END"
+    )
+    db.execute(
+        f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN "
+        f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rowid, content) "
+        f"VALUES ('delete', old.id, old.content); END"
+    )
+    db.execute(
+        f"CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN "
+        f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rowid, content) "
+        f"VALUES ('delete', old.id, old.content); "
+        f"INSERT INTO {FTS_TABLE}(rowid, content) VALUES (new.id, new.content); END"
+    )
+    db.execute(f"INSERT INTO {FTS_TABLE}({FTS_TABLE}) VALUES ('rebuild')")
+
+
+# Each entry moves the schema from version i to i + 1: statements separated by ";", or a
+# function of the connection for a migration whose statements hold ";" themselves (triggers).
+Migration = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, _add_full_text)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+# Around each hit in a search snippet (control characters, never in chat text shown as such).
+HIT_START = "\x02"
+HIT_END = "\x03"
+SNIPPET_TOKENS = 12
 
 STATUSES = ("complete", "generating", "length", "interrupted")
 
@@ -98,6 +156,7 @@ class History:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
+        self.full_text = self._has_table(FTS_TABLE)
         self.mark_interrupted()
 
     @contextlib.contextmanager
@@ -123,10 +182,31 @@ class History:
                 # Another process may have migrated while this one waited for the lock.
                 if int(db.execute("PRAGMA user_version").fetchone()[0]) != i:
                     continue
-                for statement in MIGRATIONS[i].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                migration = MIGRATIONS[i]
+                if callable(migration):
+                    migration(db)
+                else:
+                    for statement in migration.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
                 db.execute(f"PRAGMA user_version={i + 1}")
+
+    def _has_table(self, name: str) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+            ).fetchone()
+        return row is not None
+
+    @property
+    def search_notice(self) -> str | None:
+        """Why search is slower than it should be, or None when the full-text index is used."""
+        if self.full_text:
+            return None
+        return (
+            "This Python's SQLite has no FTS5, so search scans every message (LIKE) instead of "
+            "using a full-text index: it works, more slowly on a large history."
+        )
 
     @property
     def schema_version(self) -> int:
@@ -305,3 +385,315 @@ class History:
             # lock next finds the reply finished, not `generating`.
             if status is not None and status != "generating":
                 self._release_reply(message_id)
+
+    # --- renaming, deleting and restoring sessions ------------------------------------------------
+
+    def rename_session(self, session_id: int, title: str) -> None:
+        """Give a session a new title (trimmed, at most 80 characters)."""
+        title = title.strip()[:80]
+        if not title:
+            raise UsageError("a chat's title cannot be empty")
+        with self._write() as db:
+            cur = db.execute(
+                "UPDATE sessions SET title=?, updated=? WHERE id=?",
+                (title, time.time(), session_id),
+            )
+            if cur.rowcount == 0:
+                raise UsageError(f"there is no chat session {session_id}")
+
+    def delete_session(self, session_id: int) -> DeletedSession:
+        """Delete a session and its messages; returns what `restore_session` needs to undo it."""
+        with self._write() as db:
+            session = db.execute(
+                f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id=?", (session_id,)
+            ).fetchone()
+            if session is None:
+                raise UsageError(f"there is no chat session {session_id}")
+            messages = db.execute(
+                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id=? ORDER BY seq",
+                (session_id,),
+            ).fetchall()
+            if any(row[0] in self._reply_locks for row in messages):
+                raise UsageError("this chat is being written: stop its reply first")
+            db.execute("DELETE FROM messages WHERE session_id=?", (session_id,))
+            db.execute("DELETE FROM sessions WHERE id=?", (session_id,))
+        return DeletedSession(tuple(session), tuple(tuple(m) for m in messages))
+
+    def restore_session(self, deleted: DeletedSession) -> int:
+        """Put a deleted session back; returns its id.
+
+        It keeps its id unless a newer session took it meanwhile; then it gets a new one.
+        """
+        with self._write() as db:
+            session = list(deleted.session)
+            taken = db.execute("SELECT 1 FROM sessions WHERE id=?", (session[0],)).fetchone()
+            if taken:
+                cur = db.execute(
+                    "INSERT INTO sessions (created, updated, model, system, title) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    session[1:],
+                )
+                session_id = int(cur.lastrowid or 0)
+            else:
+                db.execute(
+                    f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", session
+                )
+                session_id = int(session[0])
+            for row in deleted.messages:
+                message = list(row)
+                message[1] = session_id
+                if (
+                    taken
+                    or db.execute("SELECT 1 FROM messages WHERE id=?", (message[0],)).fetchone()
+                ):
+                    message[0] = None  # a new id; the message's place (seq) is kept
+                db.execute(
+                    f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    message,
+                )
+        return session_id
+
+    # --- search --------------------------------------------------------------------------------
+
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Messages holding every word of `query` (the last one as a prefix), best first.
+
+        Uses the FTS5 index (ranked by bm25); without FTS5, a LIKE scan, newest first. Each hit
+        has a snippet with the matches between `HIT_START` and `HIT_END`.
+        """
+        words = query.split()
+        if not words or limit <= 0:
+            return []
+        if self.full_text:
+            return self._search_fts(words, limit)
+        return self._search_like(words, limit)
+
+    def _search_fts(self, words: list[str], limit: int) -> list[SearchHit]:
+        # Every word quoted, so that what the user typed is never read as FTS5 query syntax.
+        terms = ['"' + w.replace('"', '""') + '"' for w in words]
+        terms[-1] += "*"
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT m.session_id, m.id, m.role, s.title, "
+                f"snippet({FTS_TABLE}, 0, ?, ?, '…', ?) "
+                f"FROM {FTS_TABLE} "
+                f"JOIN messages m ON m.id = {FTS_TABLE}.rowid "
+                f"JOIN sessions s ON s.id = m.session_id "
+                f"WHERE {FTS_TABLE} MATCH ? ORDER BY rank LIMIT ?",
+                (HIT_START, HIT_END, SNIPPET_TOKENS, " ".join(terms), limit),
+            ).fetchall()
+        return [SearchHit(*r) for r in rows]
+
+    def _search_like(self, words: list[str], limit: int) -> list[SearchHit]:
+        def escape(word: str) -> str:
+            return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+        where = " AND ".join(["m.content LIKE ? ESCAPE '\\'"] * len(words))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT m.session_id, m.id, m.role, s.title, m.content FROM messages m "
+                f"JOIN sessions s ON s.id = m.session_id WHERE {where} "
+                f"ORDER BY m.updated DESC LIMIT ?",
+                (*[f"%{escape(w)}%" for w in words], limit),
+            ).fetchall()
+        return [
+            SearchHit(session_id, message_id, role, title, like_snippet(content, words))
+            for session_id, message_id, role, title, content in rows
+        ]
+
+
+SESSION_COLUMNS = "id, created, updated, model, system, title"
+MESSAGE_COLUMNS = "id, session_id, seq, role, content, status, continues, created, updated"
+
+
+@dataclass(frozen=True)
+class DeletedSession:
+    """A deleted session's rows, enough to put it back (undo)."""
+
+    session: tuple[Any, ...]
+    messages: tuple[tuple[Any, ...], ...]
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A message that matched a search, with a snippet around the match."""
+
+    session_id: int
+    message_id: int
+    role: str
+    title: str | None
+    snippet: str  # matches between HIT_START and HIT_END
+
+
+def like_snippet(content: str, words: list[str], *, width: int = 80) -> str:
+    """A snippet around the first word found, every word's matches marked (the LIKE fallback)."""
+    text = " ".join(content.split())
+    lower = text.lower()
+    found = [i for i in (lower.find(w.lower()) for w in words) if i >= 0]
+    first = min(found) if found else 0
+    start = max(0, first - width // 3)
+    piece = text[start : start + width]
+    marked = piece
+    for word in sorted({w for w in words if w}, key=len, reverse=True):
+        out, i, low = [], 0, marked.lower()
+        key = word.lower()
+        while (j := low.find(key, i)) >= 0:
+            out.append(marked[i:j] + HIT_START + marked[j : j + len(word)] + HIT_END)
+            i = j + len(word)
+        out.append(marked[i:])
+        marked = "".join(out)
+    prefix = "…" if start > 0 else ""
+    suffix = "…" if start + width < len(text) else ""
+    return prefix + marked + suffix
+
+
+def split_hits(snippet: str) -> list[tuple[str, bool]]:
+    """A snippet as (text, is_match) pieces, for display."""
+    pieces: list[tuple[str, bool]] = []
+    rest = snippet
+    while rest:
+        start = rest.find(HIT_START)
+        if start < 0:
+            pieces.append((rest, False))
+            break
+        if start:
+            pieces.append((rest[:start], False))
+        end = rest.find(HIT_END, start + 1)
+        end = len(rest) if end < 0 else end
+        pieces.append((rest[start + 1 : end], True))
+        rest = rest[end + 1 :]
+    return [(text, hit) for text, hit in pieces if text]
+
+
+# --- export and import -------------------------------------------------------------------------
+
+EXPORT_FORMAT = "localfab-chat"
+EXPORT_VERSION = 1
+IMPORT_ROLES = ("system", "user", "assistant")
+
+
+def _stored(history: History, session_id: int) -> tuple[StoredSession, list[StoredMessage]]:
+    session = history.session(session_id)
+    if session is None:
+        raise UsageError(f"there is no chat session {session_id}")
+    return session, history.messages(session_id)
+
+
+def export_markdown(history: History, session_id: int) -> str:
+    """A session as Markdown: its title, model and system prompt, then each message."""
+    session, messages = _stored(history, session_id)
+    lines = [f"# {session.title or 'Chat'}", "", f"- Model: `{session.model}`"]
+    lines.append(f"- Started: {time.strftime('%Y-%m-%d %H:%M', time.localtime(session.created))}")
+    if session.system:
+        lines += ["", "## System", "", session.system]
+    for m in messages:
+        heading = {"user": "You", "assistant": "Assistant", "system": "System"}.get(
+            m.role, m.role.title()
+        )
+        if m.status in ("length", "interrupted"):
+            heading += f" ({'cut at the token limit' if m.status == 'length' else 'interrupted'})"
+        lines += ["", f"## {heading}", "", m.content]
+    return "\n".join(lines) + "\n"
+
+
+def export_json(history: History, session_id: int) -> str:
+    """A session as JSON that `import_json` reads back."""
+    session, _ = _stored(history, session_id)
+    with history._lock:
+        rows = history._db.execute(
+            "SELECT role, content, status, continues, created, updated FROM messages "
+            "WHERE session_id=? ORDER BY seq",
+            (session_id,),
+        ).fetchall()
+    data = {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "session": {
+            "title": session.title,
+            "model": session.model,
+            "system": session.system,
+            "created": session.created,
+            "updated": session.updated,
+        },
+        "messages": [
+            dict(
+                zip(
+                    ("role", "content", "status", "continues", "created", "updated"), r, strict=True
+                )
+            )
+            for r in rows
+        ],
+    }
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def import_json(history: History, text: str) -> int:
+    """Store an exported session (JSON from `export_json`) as a new session; returns its id."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"not a localfab chat export: invalid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise UsageError("not a localfab chat export: export a chat from localfab as JSON")
+    if data.get("version") != EXPORT_VERSION:
+        raise UsageError(
+            f"this chat export is version {data.get('version')!r}; this localfab reads version "
+            f"{EXPORT_VERSION}: update localfab"
+        )
+    session, messages = data.get("session"), data.get("messages")
+    if not isinstance(session, dict) or not isinstance(messages, list):
+        raise UsageError("a chat export needs a 'session' object and a 'messages' list")
+    rows = []
+    now = time.time()
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in IMPORT_ROLES
+            or not isinstance(m.get("content"), str)
+        ):
+            raise UsageError(
+                f"message {i + 1} of the chat export needs a role ({', '.join(IMPORT_ROLES)}) "
+                "and text content"
+            )
+        status = m.get("status", "complete")
+        if status not in STATUSES or status == "generating":
+            status = "interrupted" if status == "generating" else "complete"
+        continues = m.get("continues", 0)
+        created = m.get("created", now)
+        updated = m.get("updated", created)
+        rows.append(
+            (
+                i,
+                m["role"],
+                m["content"],
+                status,
+                continues if isinstance(continues, int) else 0,
+                float(created) if isinstance(created, int | float) else now,
+                float(updated) if isinstance(updated, int | float) else now,
+            )
+        )
+
+    def text_or_none(value: object) -> str | None:
+        return value if isinstance(value, str) else None
+
+    model = text_or_none(session.get("model")) or "imported"
+    created = session.get("created", now)
+    created = float(created) if isinstance(created, int | float) else now
+    with history._write() as db:
+        cur = db.execute(
+            "INSERT INTO sessions (created, updated, model, system, title) VALUES (?, ?, ?, ?, ?)",
+            (
+                created,
+                now,
+                model,
+                text_or_none(session.get("system")),
+                text_or_none(session.get("title")),
+            ),
+        )
+        session_id = int(cur.lastrowid or 0)
+        db.executemany(
+            "INSERT INTO messages (session_id, seq, role, content, status, continues, created, "
+            "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(session_id, *r) for r in rows],
+        )
+    return session_id

@@ -12,6 +12,9 @@ from localfab.errors import UsageError
 
 if TYPE_CHECKING:
     from localfab.chat.history import History
+    from localfab.config import Config, Paths
+    from localfab.facts import ModelFacts
+    from localfab.plan import Wishes
 
 
 def last_used_model() -> str | None:
@@ -47,6 +50,19 @@ def open_history(path: Path) -> tuple[History, str | None]:
         return History(Path(":memory:")), reason
 
 
+def load_config(paths: Paths) -> tuple[Config, str | None]:
+    """The settings, or the defaults with the reason when config.toml (or LOCALFAB_*) is bad.
+
+    The app must open even then, so the user can fix the setting from its settings screen.
+    """
+    from localfab.config import Config
+
+    try:
+        return Config.load(paths), None
+    except UsageError as exc:
+        return Config(), f"{exc}. The app is using the default settings until this is fixed."
+
+
 def open_app(
     model: str | None,
     *,
@@ -57,14 +73,16 @@ def open_app(
     theme: str | None = None,
 ) -> None:
     """Build the app for MODEL (or a saved session) and run it until the user quits."""
-    from localfab.config import Config, default_paths
+    from localfab.config import default_paths
     from localfab.engine import SamplingParams
-    from localfab.tui.app import make_app
+    from localfab.facts import read_facts
+    from localfab.store import Store
+    from localfab.tui.app import LocalfabApp, make_app
     from localfab.tui.backend import ChatOptions, LocalBackend, model_loader
     from localfab.tui.models import LocalModels
 
     paths = default_paths()
-    config = Config.load(paths)
+    config, config_problem = load_config(paths)
     history, problem = open_history(paths.sessions_db)
     if session_id is not None:
         stored = history.session(session_id)
@@ -73,34 +91,44 @@ def open_app(
         model = model or stored.model or None
     if new:
         session_id = None
-    options = ChatOptions(
-        max_tokens=config.max_tokens,
-        max_continues=config.max_continues,
-        sampling=SamplingParams(
-            temperature=config.temperature,
-            top_k=config.top_k,
-            top_p=config.top_p,
-            min_p=config.min_p,
-            repeat_penalty=config.repeat_penalty,
-        ),
-    )
 
-    def backend_for(name: str) -> LocalBackend:
-        return LocalBackend(
-            model_loader(name, paths, config, ctx_size=ctx_size), history, name, options
+    def options(config: Config) -> ChatOptions:
+        return ChatOptions(
+            max_tokens=config.max_tokens,
+            max_continues=config.max_continues,
+            sampling=SamplingParams(
+                temperature=config.temperature,
+                top_k=config.top_k,
+                top_p=config.top_p,
+                min_p=config.min_p,
+                repeat_penalty=config.repeat_penalty,
+            ),
         )
 
+    def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
+        # The settings screen may have saved new settings since the app started.
+        now = app.config if app is not None else config
+        loader = model_loader(name, paths, now, ctx_size=ctx_size, wishes=wishes)
+        return LocalBackend(loader, history, name, options(now))
+
+    def facts_for(name: str) -> ModelFacts:
+        return read_facts(Store(paths).resolve(name))
+
+    app: LocalfabApp | None = None
     backend = backend_for(model) if model else None
     app = make_app(
         models=LocalModels(paths),
         backend_factory=backend_for,
-        notices=(problem,) if problem else (),
+        facts_for=facts_for,
+        config=config,
+        paths=paths,
+        notices=tuple(p for p in (config_problem, problem) if p),
         backend=backend,
         history=history,
         model_name=model,
         session_id=session_id,
         system=system,
-        theme=theme,
+        theme=theme or config.theme or None,
         themes_dir=paths.themes_dir,
     )
     try:

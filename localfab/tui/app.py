@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -15,21 +13,17 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from localfab.chat.history import History
+from localfab.config import Config, Paths
+from localfab.facts import ModelFacts
+from localfab.plan import Wishes
 from localfab.tui.backend import ChatBackend
 from localfab.tui.models import ModelSource
 from localfab.tui.screens.chat import ChatScreen
+from localfab.tui.screens.fit import FitScreen
 from localfab.tui.screens.models import ModelsScreen
+from localfab.tui.screens.settings import SettingsScreen
 from localfab.tui.sessions import SessionStore
 from localfab.tui.themes import DEFAULT_DARK, load_themes
-
-# System clipboard tools, tried in order after OSC 52.
-CLIPBOARD_TOOLS = (
-    ("wl-copy",),
-    ("xclip", "-selection", "clipboard"),
-    ("xsel", "--clipboard", "--input"),
-    ("pbcopy",),
-    ("clip.exe",),
-)
 
 
 class LocalfabApp(App[None]):
@@ -41,6 +35,8 @@ class LocalfabApp(App[None]):
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
         Binding("ctrl+t", "next_theme", "Theme", id="app.theme"),
         Binding("ctrl+o", "models", "Models", id="app.models"),
+        Binding("f4", "fit", "Fit", id="app.fit", show=False),
+        Binding("f9", "settings", "Settings", id="app.settings", show=False),
     ]
 
     def __init__(
@@ -57,9 +53,16 @@ class LocalfabApp(App[None]):
         keymap: dict[str, str] | None = None,
         notices: tuple[str, ...] = (),
         models: ModelSource | None = None,
-        backend_factory: Callable[[str], ChatBackend] | None = None,
+        backend_factory: Callable[..., ChatBackend] | None = None,
+        facts_for: Callable[[str], ModelFacts] | None = None,
+        config: Config | None = None,
+        paths: Paths | None = None,
     ) -> None:
         super().__init__()
+        # Fit and settings: how to read a model's header, the settings and where they are saved.
+        self.facts_for = facts_for
+        self.config = config or Config()
+        self.paths = paths
         self.start_notices = notices
         self.models = models
         self.backend_factory = backend_factory
@@ -117,12 +120,45 @@ class LocalfabApp(App[None]):
             return
         self.push_screen(ModelsScreen(self.models))
 
+    def action_fit(self) -> None:
+        """The fit screen for the model under the cursor on the models screen, else this one."""
+        if self.facts_for is None or isinstance(self.screen, FitScreen):
+            return
+        name = self.model_name
+        if isinstance(self.screen, ModelsScreen):
+            from textual.widgets import DataTable
+
+            table = self.screen.query_one(DataTable)
+            if table.row_count:
+                key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+                name = str(key) if key is not None else name
+        if not name:
+            self.notify("Choose a model first (Ctrl+O lists them).", severity="warning")
+            return
+        facts_for = self.facts_for
+        base = Wishes(min_ctx=self.config.min_ctx, flash_attn=self.config.flash_attn)
+        self.push_screen(FitScreen(name, lambda: facts_for(name), base=base))
+
+    def action_settings(self) -> None:
+        if isinstance(self.screen, SettingsScreen):
+            return
+        self.push_screen(SettingsScreen(self.config, self.paths, themes=self.localfab_themes))
+
+    @on(SettingsScreen.Saved)
+    def _settings_saved(self, event: SettingsScreen.Saved) -> None:
+        self.config = event.config
+        self.notify("Settings saved; generation settings apply to the next model opened.")
+
+    @on(FitScreen.LoadRequested)
+    async def _fit_load(self, event: FitScreen.LoadRequested) -> None:
+        await self.chat_with(event.model, wishes=event.wishes)
+
     @on(ModelsScreen.ModelChosen)
     async def _model_chosen(self, event: ModelsScreen.ModelChosen) -> None:
         await self.chat_with(event.name)
 
-    async def chat_with(self, name: str) -> None:
-        """Close the current model and open a chat on `name`."""
+    async def chat_with(self, name: str, *, wishes: Wishes | None = None) -> None:
+        """Close the current model and open a chat on `name` (planned with `wishes`, if any)."""
         if self.backend_factory is None:
             self.notify("This app cannot open other models.", severity="warning")
             return
@@ -130,9 +166,12 @@ class LocalfabApp(App[None]):
         await old.stop_for_exit()
         if old.backend is not None:
             old.backend.close()
-        self.backend = self.backend_factory(name)
+        if wishes is None:
+            self.backend = self.backend_factory(name)
+        else:
+            self.backend = self.backend_factory(name, wishes=wishes)
         self.model_name = name
-        while isinstance(self.screen, ModelsScreen):
+        while isinstance(self.screen, ModelsScreen | FitScreen | SettingsScreen):
             await self.pop_screen()
         await self.switch_screen(ChatScreen(self.backend, model_name=name, system=self.system))
 
@@ -140,29 +179,6 @@ class LocalfabApp(App[None]):
         with contextlib.suppress(LookupError):
             await self.chat.stop_for_exit()
         self.exit()
-
-    def copy_text(self, text: str, *, what: str) -> None:
-        """Copy byte-exact text: OSC 52 to the terminal, and the system clipboard if there is one.
-
-        OSC 52 cannot report whether the terminal accepted it, so only a system clipboard tool
-        that succeeded is reported as a copy.
-        """
-        self.copy_to_clipboard(text)
-        for tool in CLIPBOARD_TOOLS:
-            if shutil.which(tool[0]) is None:
-                continue
-            try:
-                subprocess.run(tool, input=text.encode(), check=True, timeout=2)
-            except (OSError, subprocess.SubprocessError):
-                continue
-            self.notify(f"Copied {what} ({len(text)} characters).")
-            return
-        self.notify(
-            f"Sent {what} to the terminal's clipboard (OSC 52); no system clipboard tool was "
-            "found, so it is pasted only if your terminal allows OSC 52.",
-            severity="warning",
-            timeout=6,
-        )
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -173,11 +189,28 @@ class LocalfabApp(App[None]):
             yield SystemCommand(
                 "Continue reply", "Continue a cut or stopped reply", chat.action_continue_reply
             )
+            yield SystemCommand(
+                "Copy code",
+                "Copy the code block under the mouse, or the last one",
+                chat.action_copy_code,
+            )
             yield SystemCommand("Chats", "Show or hide saved chats", chat.action_toggle_sessions)
+            yield SystemCommand(
+                "Search chats", "Full-text search of saved chats", chat.action_search
+            )
+            yield SystemCommand(
+                "Export chat", "Save a chat as Markdown or JSON", chat.action_export_chat
+            )
+            yield SystemCommand(
+                "Import chat", "Add a chat from a JSON export", chat.action_import_chat
+            )
             yield SystemCommand("Copy reply", "Copy the last reply", chat.action_copy_reply)
             yield SystemCommand("Cancel load", "Cancel the model load", chat.action_cancel_load)
         if self.models is not None:
             yield SystemCommand("Models", "Local models and their fit", self.action_models)
+        if self.facts_for is not None:
+            yield SystemCommand("Fit", "How a model fits, here or on a profile", self.action_fit)
+        yield SystemCommand("Settings", "Theme, generation defaults, threads", self.action_settings)
         yield SystemCommand("Next theme", "Switch to the next theme", self.action_next_theme)
 
 
@@ -194,7 +227,10 @@ def make_app(
     keymap: dict[str, str] | None = None,
     notices: tuple[str, ...] = (),
     models: ModelSource | None = None,
-    backend_factory: Callable[[str], ChatBackend] | None = None,
+    backend_factory: Callable[..., ChatBackend] | None = None,
+    facts_for: Callable[[str], ModelFacts] | None = None,
+    config: Config | None = None,
+    paths: Paths | None = None,
 ) -> LocalfabApp:
     """The app, built the same way for the CLI, the tests and the benchmark."""
     return LocalfabApp(
@@ -210,4 +246,7 @@ def make_app(
         notices=notices,
         models=models,
         backend_factory=backend_factory,
+        facts_for=facts_for,
+        config=config,
+        paths=paths,
     )

@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from localfab.errors import LoadCancelled
+
+__all__ = ["LoadCancelled"]  # the user cancelled a model load: re-exported for the app
+
 if TYPE_CHECKING:
     from localfab.chat.history import History
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession
     from localfab.config import Config, Paths
     from localfab.engine import SamplingParams
-
-
-class LoadCancelled(Exception):
-    """The user cancelled a model load."""
+    from localfab.plan import Wishes
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,11 @@ class LocalBackend:
     def session_id(self) -> int | None:
         return None if self._session is None else self._session.session_id
 
+    @property
+    def window_start(self) -> int | None:
+        """Index of the first stored message in the context window (a reopened long chat)."""
+        return None if self._session is None else self._session.window_start
+
     def _chat(self) -> ChatSession:
         if self._session is None:
             self.open_session(session_id=None, system=None)
@@ -277,8 +283,12 @@ def model_loader(
     config: Config,
     *,
     ctx_size: int | None = None,
+    wishes: Wishes | None = None,
 ) -> Loader:
-    """The loader for a model name or path: resolve, plan for this machine, load."""
+    """The loader for a model name or path: resolve, plan for this machine, load.
+
+    `wishes` (from the fit screen) replace the ones made from `config` and `ctx_size`.
+    """
 
     def load(progress: ProgressCallback, cancel: threading.Event) -> Loaded:
         from localfab.runtime import load_model, plan_for, resolve_model, wishes_from_options
@@ -287,19 +297,22 @@ def model_loader(
         path = resolve_model(name, paths)
         if cancel.is_set():
             raise LoadCancelled()
-        progress(LoadProgress("planning the load", 0.05, str(path)))
-        chosen, _machine = plan_for(path, wishes_from_options(config, ctx_size=ctx_size))
+        progress(LoadProgress("planning the load", 0.02, str(path)))
+        chosen, _machine = plan_for(path, wishes or wishes_from_options(config, ctx_size=ctx_size))
         chosen.require_fit()
         plan_lines = plan_summary(chosen)
-        # llama.cpp's own load progress needs a callback the engine does not take yet: until it
-        # does, this step shows as under way without a fraction.
-        progress(LoadProgress("loading weights", None, " · ".join(plan_lines)))
+        detail = " · ".join(plan_lines)
+        progress(LoadProgress("loading weights", WEIGHTS_START, detail))
         if cancel.is_set():
             raise LoadCancelled()
         from localfab.engine import EngineSettings
 
         started = time.monotonic()
-        loaded = load_model(path, EngineSettings(**chosen.settings_kwargs()))
+        loaded = load_model(
+            path,
+            EngineSettings(**chosen.settings_kwargs()),
+            progress=weights_progress(progress, cancel, detail),
+        )
         if cancel.is_set():
             loaded.close()
             raise LoadCancelled()
@@ -316,6 +329,36 @@ def model_loader(
         return Loaded(loaded.engine, loaded.prompts, info, loaded.close)
 
     return load
+
+
+# The share of the load bar before the weights start (finding and planning) and after they end
+# (creating the context and warming up).
+WEIGHTS_START = 0.05
+WEIGHTS_END = 0.95
+
+
+def weights_progress(
+    progress: ProgressCallback, cancel: threading.Event, detail: str
+) -> Callable[[float], bool]:
+    """The engine's per-tensor load progress as the app's `LoadProgress`, stopped by `cancel`.
+
+    llama.cpp reports every tensor (hundreds per model): only whole-percent steps are passed on,
+    so the UI gets at most a hundred messages per load.
+    """
+    last = -1
+
+    def on_weights(fraction: float) -> bool:
+        nonlocal last
+        if cancel.is_set():
+            return False
+        percent = int(fraction * 100)
+        if percent != last:
+            last = percent
+            share = WEIGHTS_START + (WEIGHTS_END - WEIGHTS_START) * fraction
+            progress(LoadProgress("loading weights", share, detail))
+        return True
+
+    return on_weights
 
 
 def plan_summary(chosen: Any) -> list[str]:

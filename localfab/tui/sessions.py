@@ -1,53 +1,33 @@
-"""The sessions the app lists, renames, deletes and restores, over the chat History (SQLite).
+"""The sessions the app lists, renames, deletes, restores, searches, exports and imports.
 
-History writes sessions as they stream; what it lacks for a session list (rename, delete and
-undo) is done here on its database, in its schema.
+A thin layer over the chat History (SQLite): the History does the work in its own write
+transactions; this adds what only the app needs (a title for an untitled chat, files on disk).
 """
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+import builtins
+from pathlib import Path
 
-from localfab.chat.history import History, StoredSession
+from localfab.chat.history import (
+    DeletedSession,
+    History,
+    SearchHit,
+    StoredSession,
+    export_json,
+    export_markdown,
+    import_json,
+)
+from localfab.errors import UsageError
 
-
-@dataclass(frozen=True)
-class DeletedSession:
-    """Everything needed to put a deleted session back (undo)."""
-
-    session: tuple[Any, ...]
-    messages: tuple[tuple[Any, ...], ...]
+__all__ = ["DeletedSession", "SessionStore"]
 
 
 class SessionStore:
-    """List, rename, delete and undelete chat sessions."""
+    """List, rename, delete and undelete, search, export and import chat sessions."""
 
     def __init__(self, history: History) -> None:
         self.history = history
-
-    @property
-    def _db(self) -> sqlite3.Connection:
-        return self.history._db  # the History's own connection: one writer, one WAL
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction under the History's own thread lock (a reply may be streaming)."""
-        lock = getattr(self.history, "_lock", None) or threading.RLock()
-        with lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
 
     def list(self) -> list[StoredSession]:
         return self.history.sessions()
@@ -56,31 +36,36 @@ class SessionStore:
         return session.title or "(empty chat)"
 
     def rename(self, session_id: int, title: str) -> None:
-        title = title.strip()[:80]
-        if not title:
-            raise ValueError("a title cannot be empty")
-        with self._write() as db:
-            db.execute(
-                "UPDATE sessions SET title=?, updated=? WHERE id=?",
-                (title, time.time(), session_id),
-            )
+        self.history.rename_session(session_id, title)
 
     def delete(self, session_id: int) -> DeletedSession:
-        with self._write() as db:
-            session = db.execute("SELECT * FROM sessions WHERE id=?", (session_id,)).fetchone()
-            if session is None:
-                raise ValueError(f"no chat session {session_id}")
-            messages = db.execute(
-                "SELECT * FROM messages WHERE session_id=? ORDER BY seq", (session_id,)
-            ).fetchall()
-            db.execute("DELETE FROM messages WHERE session_id=?", (session_id,))
-            db.execute("DELETE FROM sessions WHERE id=?", (session_id,))
-        return DeletedSession(tuple(session), tuple(tuple(m) for m in messages))
+        return self.history.delete_session(session_id)
 
-    def undelete(self, deleted: DeletedSession) -> None:
-        with self._write() as db:
-            marks = ", ".join("?" * len(deleted.session))
-            db.execute(f"INSERT INTO sessions VALUES ({marks})", deleted.session)
-            for row in deleted.messages:
-                marks = ", ".join("?" * len(row))
-                db.execute(f"INSERT INTO messages VALUES ({marks})", row)
+    def undelete(self, deleted: DeletedSession) -> int:
+        return self.history.restore_session(deleted)
+
+    def search(self, query: str, limit: int = 50) -> builtins.list[SearchHit]:
+        return self.history.search(query, limit)
+
+    def export(self, session_id: int, path: Path) -> Path:
+        """Write a session to `path`: JSON for a .json name, Markdown otherwise."""
+        path = path.expanduser()
+        if path.suffix.lower() == ".json":
+            text = export_json(self.history, session_id)
+        else:
+            text = export_markdown(self.history, session_id)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"could not write {path}: {exc.strerror or exc}") from exc
+        return path
+
+    def import_file(self, path: Path) -> int:
+        """Store a chat exported as JSON as a new session; returns its id."""
+        path = path.expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"could not read {path}: {exc}") from exc
+        return import_json(self.history, text)

@@ -12,7 +12,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -22,7 +23,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Button, Footer, Label, ProgressBar, Static
+from textual.widgets.markdown import MarkdownFence
 
+from localfab.chat.history import SearchHit
 from localfab.errors import LocalfabError
 from localfab.tui.backend import (
     ChatBackend,
@@ -36,10 +39,12 @@ from localfab.tui.backend import (
     StoredTurn,
     WindowShifted,
 )
+from localfab.tui.clipboard import system_copy
+from localfab.tui.screens.search import SearchScreen
 from localfab.tui.widgets.dialogs import ErrorDialog, TextDialog
-from localfab.tui.widgets.messages import MessageView, ShiftDivider
+from localfab.tui.widgets.messages import MessageView, ShiftDivider, fence_at
 from localfab.tui.widgets.prompt import PromptBox
-from localfab.tui.widgets.sessions import SessionsPanel
+from localfab.tui.widgets.sessions import ResumeDivider, SessionsPanel
 from localfab.tui.widgets.status import StatusBar, duration
 
 if TYPE_CHECKING:
@@ -65,6 +70,14 @@ _END = _End()
 InboxItem = ReplyEvent | ReplyFailed | _End
 
 
+@runtime_checkable
+class ReportsWindow(Protocol):
+    """A backend that says where a resumed chat's window starts (index in its stored turns)."""
+
+    @property
+    def window_start(self) -> int | None: ...
+
+
 def merge_continued(turns: list[StoredTurn]) -> list[StoredTurn]:
     """Stored turns with a continued reply shown once.
 
@@ -83,6 +96,24 @@ def merge_continued(turns: list[StoredTurn]) -> list[StoredTurn]:
         else:
             out.append(turn)
     return out
+
+
+def shown_index(turns: list[StoredTurn], index: int) -> int:
+    """Where stored turn `index` is in `merge_continued(turns)` (a continuation is its reply)."""
+    shown = -1
+    last: StoredTurn | None = None
+    for i, turn in enumerate(turns):
+        merged = (
+            last is not None
+            and last.role == turn.role == "assistant"
+            and turn.content.startswith(last.content)
+        )
+        if not merged:
+            shown += 1
+        last = turn
+        if i == index:
+            return shown
+    raise IndexError(index)
 
 
 def reply_footer(done: ReplyFinished) -> tuple[str, str]:
@@ -111,7 +142,11 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+r", "continue_reply", "Continue", id="chat.continue"),
         Binding("ctrl+n", "new_chat", "New chat", id="chat.new"),
         Binding("ctrl+s", "toggle_sessions", "Chats", id="chat.sessions"),
-        Binding("ctrl+y", "copy_reply", "Copy reply", id="chat.copy"),
+        Binding("ctrl+f", "search", "Search", id="chat.search", show=False),
+        # Priority: the prompt box, which has the focus, would take Ctrl+Y as redo. Not in the
+        # footer, which the prompt box's binding used to hide it from (it is in the palette).
+        Binding("ctrl+y", "copy_reply", "Copy reply", id="chat.copy", show=False, priority=True),
+        Binding("ctrl+g", "copy_code", "Copy code", id="chat.copy_code", show=False),
         Binding("ctrl+z", "undo_delete", "Undo delete", id="chat.undo", show=False),
         Binding("ctrl+end,end", "follow", "Follow", id="chat.follow", show=False),
         Binding("ctrl+l", "cancel_load", "Cancel load", id="chat.cancel_load", show=False),
@@ -130,6 +165,7 @@ class ChatScreen(Screen[None]):
     class ModelLoaded(Message):
         info: ModelInfo
         turns: list[StoredTurn]
+        window_start: int | None = None
 
     @dataclass
     class ModelLoadFailed(Message):
@@ -139,6 +175,8 @@ class ChatScreen(Screen[None]):
     @dataclass
     class SessionOpened(Message):
         turns: list[StoredTurn]
+        highlight: int | None = None  # index in turns of a search hit to show
+        window_start: int | None = None  # index in turns of the first one in the window
 
     def __init__(
         self,
@@ -169,6 +207,7 @@ class ChatScreen(Screen[None]):
         self._panel_user_set = False
         self._deleted: DeletedSession | None = None
         self._interrupt_at = 0.0
+        self._search_notice_shown = False
 
     @property
     def lf_app(self) -> LocalfabApp:
@@ -246,7 +285,8 @@ class ChatScreen(Screen[None]):
         except Exception as exc:  # the app must outlive any failure of a model to load
             self.post_message(self.ModelLoadFailed(f"{type(exc).__name__}: {exc}"))
             return
-        self.post_message(self.ModelLoaded(info, turns))
+        start = backend.window_start if isinstance(backend, ReportsWindow) else None
+        self.post_message(self.ModelLoaded(info, turns, start))
 
     @on(LoadProgressed)
     def _load_progressed(self, event: LoadProgressed) -> None:
@@ -265,7 +305,7 @@ class ChatScreen(Screen[None]):
         self.query_one("#load-panel").display = False
         info = event.info
         self.query_one(StatusBar).show_model(info.name, info.gpu_layers, info.total_layers)
-        await self._show_turns(event.turns)
+        await self._show_turns(event.turns, window_start=event.window_start)
         self.query_one(PromptBox).focus()
         for notice in info.notices:
             self.notify(notice, title="Note", timeout=6)
@@ -460,11 +500,42 @@ class ChatScreen(Screen[None]):
         self.query_one("#chat-log", VerticalScroll).anchor()
 
     def action_copy_reply(self) -> None:
+        """Copy the last reply, byte-exact (as far as it has streamed)."""
         views = [v for v in self.query(MessageView) if v.role == "assistant" and v.text]
         if not views:
             self.notify("There is no reply to copy yet.", severity="warning")
             return
-        self.lf_app.copy_text(views[-1].text, what="the last reply")
+        self.copy_out(views[-1].text, "the last reply")
+
+    def action_copy_code(self) -> None:
+        """Copy the code block under the mouse or holding the focus, else the last one."""
+        fences = list(self.query_one("#chat-log").query(MarkdownFence))
+        if not fences:
+            self.notify("There is no code block to copy.", severity="warning")
+            return
+        fence = fence_at(self.app.mouse_over) or fence_at(self.focused)
+        if fence not in fences:
+            fence = fences[-1]
+        assert fence is not None
+        view = next(a for a in fence.ancestors if isinstance(a, MessageView))
+        self.copy_out(view.code_of(fence), "the code block")
+
+    def copy_out(self, text: str, what: str) -> None:
+        """OSC 52 now; the system clipboard in a worker (a tool may take a moment)."""
+        self.app.copy_to_clipboard(text)
+        self._system_copy(text, what)
+
+    @work(thread=True, group="copy", exit_on_error=False)
+    def _system_copy(self, text: str, what: str) -> None:
+        result = system_copy(text)
+        message, severity = result.message(what, len(text))
+        self.app.call_from_thread(
+            self.notify,
+            message,
+            title="Copy",
+            severity=severity,  # type: ignore[arg-type]
+            timeout=4 if result.tool else 8,
+        )
 
     async def action_undo_delete(self) -> None:
         if self._deleted is None:
@@ -481,27 +552,42 @@ class ChatScreen(Screen[None]):
         current = self.backend.session_id if self.backend is not None else None
         self.query_one(SessionsPanel).show(store.list(), current)
 
-    def _open(self, session_id: int | None) -> None:
-        self._open_worker(session_id)
+    def _open(self, session_id: int | None, *, message_id: int | None = None) -> None:
+        self._open_worker(session_id, message_id)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
-    def _open_worker(self, session_id: int | None) -> None:
+    def _open_worker(self, session_id: int | None, message_id: int | None = None) -> None:
         assert self.backend is not None
         try:
             turns = self.backend.open_session(session_id=session_id, system=self.system)
         except (LocalfabError, ValueError, OSError) as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error")
             return
-        self.post_message(self.SessionOpened(turns))
+        highlight = None
+        if session_id is not None and message_id is not None:
+            # The backend returns the stored messages in order, one turn each.
+            ids = [m.id for m in self.lf_app.history.messages(session_id)]
+            if message_id in ids and len(ids) == len(turns):
+                highlight = ids.index(message_id)
+        start = self.backend.window_start if isinstance(self.backend, ReportsWindow) else None
+        self.post_message(self.SessionOpened(turns, highlight, start))
 
     @on(SessionOpened)
     async def _session_opened(self, event: SessionOpened) -> None:
-        await self._show_turns(event.turns)
+        await self._show_turns(
+            event.turns, highlight=event.highlight, window_start=event.window_start
+        )
         self._show_context()
         self.refresh_sessions()
         self.query_one(PromptBox).focus()
 
-    async def _show_turns(self, turns: list[StoredTurn]) -> None:
+    async def _show_turns(
+        self,
+        turns: list[StoredTurn],
+        *,
+        highlight: int | None = None,
+        window_start: int | None = None,
+    ) -> None:
         log = self.query_one("#chat-log", VerticalScroll)
         await log.remove_children()
         self._reply = None
@@ -511,8 +597,17 @@ class ChatScreen(Screen[None]):
         shown = merge_continued(turns)
         if not shown:
             await log.mount(Static(self._welcome(), id="welcome"))
-        views = [MessageView(t.role, t.content, status=t.status) for t in shown if t.content]
+        placed = [
+            MessageView(t.role, t.content, status=t.status) if t.content else None for t in shown
+        ]
+        views = [v for v in placed if v is not None]
         await log.mount_all(views)
+        if window_start and window_start < len(turns):
+            # Old turns stayed on screen but left the window when the chat was rebuilt.
+            left = sum(1 for t in turns[:window_start] if t.role == "user")
+            first = next((v for v in placed[shown_index(turns, window_start) :] if v), None)
+            if left and first is not None:
+                await log.mount(ResumeDivider(left), before=first)
         for turn in shown:
             if turn.role == "user":
                 prompt.remember(turn.content)
@@ -524,7 +619,13 @@ class ChatScreen(Screen[None]):
                 views[-1].set_footer("✂ cut at the token limit · ctrl+r continues", kind="cut")
             elif last == "interrupted":
                 views[-1].set_footer("■ interrupted · ctrl+r continues", kind="stopped")
-        log.anchor()
+        hit = placed[shown_index(turns, highlight)] if highlight is not None else None
+        if hit is None:
+            log.anchor()
+            return
+        hit.add_class("search-hit")
+        log.anchor(False)  # stay on the hit; sending a message follows the end again
+        self.call_after_refresh(hit.scroll_visible, animate=False, top=True)
 
     async def _drop_welcome(self) -> None:
         for welcome in self.query("#welcome"):
@@ -547,7 +648,7 @@ class ChatScreen(Screen[None]):
                 return
             try:
                 self.lf_app.session_store.rename(event.session_id, title)
-            except ValueError as exc:
+            except LocalfabError as exc:
                 self.notify(str(exc), severity="warning")
             self.refresh_sessions()
 
@@ -559,9 +660,89 @@ class ChatScreen(Screen[None]):
         if event.session_id == current:
             self.notify("This chat is open: start a new one (Ctrl+N) first.", severity="warning")
             return
-        self._deleted = self.lf_app.session_store.delete(event.session_id)
+        try:
+            self._deleted = self.lf_app.session_store.delete(event.session_id)
+        except LocalfabError as exc:
+            self.notify(str(exc), severity="warning")
+            return
         self.refresh_sessions()
         self.notify("Chat deleted. Ctrl+Z brings it back.", timeout=6)
+
+    def action_search(self) -> None:
+        """Search every saved chat; the hit picked opens at its message."""
+
+        def picked(hit: SearchHit | None) -> None:
+            if hit is None:
+                return
+            if self.streaming:
+                self.notify("Stop the reply (Esc) before switching chats.", severity="warning")
+                return
+            if not self.loaded:
+                self.notify("Load a model to open a chat.", severity="warning")
+                return
+            self._open(hit.session_id, message_id=hit.message_id)
+
+        history = self.lf_app.history
+        if history.search_notice and not self._search_notice_shown:
+            self._search_notice_shown = True
+            self.notify(history.search_notice, title="Search", severity="warning", timeout=8)
+        self.app.push_screen(SearchScreen(self.lf_app.session_store), picked)
+
+    def _export_target(self, session_id: int | None) -> int | None:
+        if session_id is None:
+            session_id = self.query_one(SessionsPanel).selected_id()
+            if session_id is None and self.backend is not None:
+                session_id = self.backend.session_id
+        if session_id is None:
+            self.notify("There is no saved chat to export yet.", severity="warning")
+        return session_id
+
+    def action_export_chat(self, session_id: int | None = None) -> None:
+        """Export a chat (the one picked in the list, else the open one) to a file."""
+        target = self._export_target(session_id)
+        if target is None:
+            return
+
+        def chosen(path: str | None) -> None:
+            if not path or not path.strip():
+                return
+            try:
+                written = self.lf_app.session_store.export(target, Path(path.strip()))
+            except LocalfabError as exc:
+                self.notify(str(exc), title="Export", severity="error", timeout=8)
+                return
+            self.notify(f"Chat exported to {written}.", title="Export")
+
+        default = str(Path.cwd() / f"localfab-chat-{target}.md")
+        self.app.push_screen(
+            TextDialog("Export chat to a file (.md for Markdown, .json to import later)", default),
+            chosen,
+        )
+
+    def action_import_chat(self) -> None:
+        """Import a chat exported as JSON, as a new saved chat."""
+
+        def chosen(path: str | None) -> None:
+            if not path or not path.strip():
+                return
+            try:
+                session_id = self.lf_app.session_store.import_file(Path(path.strip()))
+            except LocalfabError as exc:
+                self.notify(str(exc), title="Import", severity="error", timeout=8)
+                return
+            self.refresh_sessions()
+            self.query_one(SessionsPanel).select(session_id)
+            self.notify("Chat imported: Enter in the list opens it.", title="Import")
+
+        self.app.push_screen(TextDialog("Import a chat from a JSON export", ""), chosen)
+
+    @on(SessionsPanel.ExportRequested)
+    def _export_requested(self, event: SessionsPanel.ExportRequested) -> None:
+        self.action_export_chat(event.session_id)
+
+    @on(SessionsPanel.ImportRequested)
+    def _import_requested(self) -> None:
+        self.action_import_chat()
 
     # --- quitting ------------------------------------------------------------------------------
 

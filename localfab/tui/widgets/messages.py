@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.dom import DOMNode
 from textual.widgets import Label, Markdown, Static
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets.markdown import MarkdownFence, MarkdownStream
+
+from localfab.tui.clipboard import code_blocks
 
 
 def shift_text(turns: int, tokens: int) -> str:
@@ -72,3 +75,20 @@ class MessageView(Vertical):
         footer.set_class(bool(text), "shown")
         for name in ("cut", "stopped", "failed"):
             footer.set_class(kind == name, name)
+
+    def code_of(self, fence: MarkdownFence) -> str:
+        """The exact source of one of this message's code blocks (the widget strips its end)."""
+        fences = list(self.markdown.query(MarkdownFence))
+        sources = code_blocks(self.text)
+        if fence in fences and len(sources) == len(fences):
+            return sources[fences.index(fence)]
+        return fence.code  # mid-stream, the widget may hold fewer blocks than the text
+
+
+def fence_at(node: DOMNode | None) -> MarkdownFence | None:
+    """The code block `node` is in (the widget under the mouse, or the focused one), if any."""
+    while node is not None:
+        if isinstance(node, MarkdownFence):
+            return node
+        node = node.parent
+    return None

@@ -1,0 +1,130 @@
+"""Full-text search over every saved chat; picking a hit opens its chat at that message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, ListItem, ListView
+
+from localfab.chat.history import SearchHit, split_hits
+from localfab.tui.sessions import SessionStore
+
+RESULTS = 50
+HIT_STYLE = "bold reverse"  # readable on every theme without a colour of its own
+
+
+def snippet_content(snippet: str) -> Content:
+    """A snippet with its matches styled, the rest as plain text (never markup)."""
+    return Content.assemble(
+        *((text, HIT_STYLE) if hit else text for text, hit in split_hits(snippet))
+    )
+
+
+class HitItem(ListItem):
+    def __init__(self, hit: SearchHit) -> None:
+        super().__init__(classes="search-hit-item")
+        self.hit = hit
+
+    def compose(self) -> ComposeResult:
+        who = "You" if self.hit.role == "user" else self.hit.role.title()
+        yield Label(
+            Content(f"{self.hit.title or '(untitled chat)'} · {who}"),
+            classes="search-hit-title",
+        )
+        yield Label(snippet_content(self.hit.snippet), classes="search-hit-snippet")
+
+
+class SearchScreen(ModalScreen[SearchHit | None]):
+    """Type to search all messages; Enter or a click on a hit opens it, Esc closes."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Close", id="search.close"),
+        Binding("down", "to_results", "Results", id="search.results", show=False),
+    ]
+
+    @dataclass
+    class ResultsFound(Message):
+        query: str
+        hits: list[SearchHit]
+
+    def __init__(self, store: SessionStore, query: str = "") -> None:
+        super().__init__(classes="dialog-screen")
+        self.store = store
+        self.query_text = query
+        self.hits: list[SearchHit] = []
+        self.searches = 0  # searches answered, for tests
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog search-dialog"):
+            yield Label("Search chats", classes="dialog-title")
+            yield Input(self.query_text, placeholder="Words to find", id="search-input")
+            yield Label(self._hint(), id="search-status", markup=False)
+            yield ListView(id="search-results")
+
+    def _hint(self) -> str:
+        notice = self.store.history.search_notice
+        return notice or "Type to search every saved chat; Enter opens a hit."
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+        if self.query_text.strip():
+            self._search(self.query_text)
+
+    @on(Input.Changed, "#search-input")
+    def _changed(self, event: Input.Changed) -> None:
+        self._search(event.value)
+
+    @work(thread=True, exclusive=True, group="search", exit_on_error=False)
+    def _search(self, query: str) -> None:
+        # A thread: the database may be busy with another process's write for a moment.
+        hits = self.store.search(query, RESULTS) if query.strip() else []
+        self.post_message(self.ResultsFound(query, hits))
+
+    @on(ResultsFound)
+    async def _results_found(self, event: ResultsFound) -> None:
+        if event.query != self.query_one(Input).value:
+            return  # an older search answered late
+        self.hits = event.hits
+        self.searches += 1
+        view = self.query_one(ListView)
+        await view.clear()
+        await view.extend([HitItem(h) for h in event.hits])
+        view.index = 0 if event.hits else None
+        status = self.query_one("#search-status", Label)
+        if not event.query.strip():
+            status.update(self._hint())
+        elif not event.hits:
+            status.update(f"Nothing found for {event.query.strip()!r}.")
+        else:
+            more = "+" if len(event.hits) == RESULTS else ""
+            status.update(f"{len(event.hits)}{more} messages; ↓ then Enter opens one.")
+
+    @on(Input.Submitted, "#search-input")
+    def _submitted(self) -> None:
+        if self.hits:
+            self.dismiss(self._current())
+
+    def _current(self) -> SearchHit:
+        view = self.query_one(ListView)
+        item = view.highlighted_child
+        return item.hit if isinstance(item, HitItem) else self.hits[0]
+
+    @on(ListView.Selected, "#search-results")
+    def _picked(self, event: ListView.Selected) -> None:
+        event.stop()
+        if isinstance(event.item, HitItem):
+            self.dismiss(event.item.hit)
+
+    def action_to_results(self) -> None:
+        if self.hits and self.query_one(Input).has_focus:
+            self.query_one(ListView).focus()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
