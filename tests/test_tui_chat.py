@@ -153,6 +153,8 @@ async def test_a_chat_is_saved_as_it_streams_and_resumes(history):
         chat = await loaded(pilot, app2)
         panel = chat.query_one(SessionsPanel)
         assert panel.display
+        # The list is rebuilt in a queued step: wait for it rather than for a fixed time.
+        await wait_for(pilot, lambda: len(panel.query(SessionItem)) == 1)
         items = list(panel.query(SessionItem))
         assert [i.session.title for i in items] == ["first question"]
         panel.query_one("#sessions-list").focus()
@@ -163,7 +165,7 @@ async def test_a_chat_is_saved_as_it_streams_and_resumes(history):
         # The prompt history holds the resumed chat's prompts.
         chat.query_one(PromptBox).focus()
         await pilot.press("up")
-        assert chat.query_one(PromptBox).text == "first question"
+        await wait_for(pilot, lambda: chat.query_one(PromptBox).text == "first question")
         # And the chat goes on in the same stored session.
         await send(pilot, app2, "second")
         await finished(pilot, app2)
@@ -183,6 +185,7 @@ async def test_sessions_rename_and_delete_with_undo(history):
     async with app.run_test(size=(120, 30)) as pilot:
         chat = await loaded(pilot, app)
         panel = chat.query_one(SessionsPanel)
+        await wait_for(pilot, lambda: len(panel.query(SessionItem)) == 2)
         panel.query_one("#sessions-list").focus()
         await pilot.press("r")
         await wait_for(pilot, lambda: app.screen.__class__.__name__ == "TextDialog")

@@ -18,7 +18,7 @@ from localfab.tui.screens.chat import ReportsWindow, StoredTurn, shown_index
 from localfab.tui.screens.search import SearchScreen
 from localfab.tui.widgets.dialogs import TextDialog
 from localfab.tui.widgets.messages import MessageView
-from localfab.tui.widgets.sessions import ResumeDivider, SessionsPanel
+from localfab.tui.widgets.sessions import ResumeDivider, SessionItem, SessionsPanel
 from tests.tui_support import FIXED_NOW, build_app, loaded, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -119,6 +119,7 @@ async def test_export_markdown_and_json_then_import_from_the_panel(history, tmp_
     async with app.run_test(size=(120, 30)) as pilot:
         chat = await loaded(pilot, app)
         panel = chat.query_one(SessionsPanel)
+        await wait_for(pilot, lambda: len(panel.query(SessionItem)) == 1)
         panel.query_one("#sessions-list").focus()
         await pilot.press("e")
         await answer_dialog(pilot, app, str(tmp_path / "out" / "chat.md"))
