@@ -60,3 +60,19 @@ def lf_env(tmp_path: Path) -> dict[str, str]:
     env["LOCALFAB_HOME"] = str(tmp_path / "home")
     env.pop("HF_TOKEN", None)
     return env
+
+
+@pytest.fixture()
+def anyio_backend() -> str:
+    """The async tests (Textual's pilot) run on asyncio."""
+    return "asyncio"
+
+
+@pytest.fixture()
+def history(tmp_path: Path) -> Iterator[object]:
+    """An empty chat history in the test's own folder."""
+    from localfab.chat.history import History
+
+    h = History(tmp_path / "sessions.sqlite3")
+    yield h
+    h.close()

@@ -5,11 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-from localfab.chat.history import History
 from localfab.tui.backend import ChatOptions
 from localfab.tui.fake import SAMPLE_REPLY, FakeEngine
 from localfab.tui.widgets.dialogs import ErrorDialog
@@ -19,18 +17,6 @@ from localfab.tui.widgets.sessions import SessionItem, SessionsPanel
 from tests.tui_support import build_app, finished, loaded, replies, send, wait_for
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture()
-def history(tmp_path: Path) -> History:
-    h = History(tmp_path / "sessions.sqlite3")
-    yield h
-    h.close()
 
 
 def label_text(app, selector: str) -> str:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from localfab.chat.history import History
 from localfab.tui.clipboard import CopyResult, code_blocks, system_copy
 from localfab.tui.fake import SAMPLE_REPLY, FakeEngine
 from tests.tui_support import build_app, finished, loaded, send, wait_for
@@ -23,18 +22,6 @@ TWO_BLOCKS = (
 )
 FIRST_BLOCK = "echo 'a  b'\t\nls -l   \n\n"
 LAST_BLOCK = "print('中文')\n"
-
-
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture()
-def history(tmp_path: Path) -> History:
-    h = History(tmp_path / "sessions.sqlite3")
-    yield h
-    h.close()
 
 
 def fake_tool(folder: Path, name: str, *, exit_code: int = 0) -> Path:

@@ -21,11 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_chat_on_the_real_model_streams_and_is_saved(model_path, tmp_path):
     paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})

@@ -29,11 +29,6 @@ SIZES = [(100, 30), (80, 24)]
 THEMES = ["localfab-dark", "localfab-light"]
 
 
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @cache
 def facts(spec: str) -> ModelFacts:
     return read_facts(synthetic_source(load_model_specs()[spec], name=spec))

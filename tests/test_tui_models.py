@@ -18,11 +18,6 @@ from tests.tui_support import send, wait_for
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Models:
     """Two models; the fit verdict says which model it judged."""
 

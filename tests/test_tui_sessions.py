@@ -4,7 +4,6 @@ search that opens the hit, export and import, and resuming a long chat."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from textual.containers import VerticalScroll
@@ -22,18 +21,6 @@ from localfab.tui.widgets.sessions import ResumeDivider, SessionItem, SessionsPa
 from tests.tui_support import FIXED_NOW, build_app, loaded, wait_for
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture()
-def history(tmp_path: Path) -> History:
-    h = History(tmp_path / "sessions.sqlite3")
-    yield h
-    h.close()
 
 
 def long_chat(history: History, turns: int, *, needle: str | None = None, at: int = 1) -> int:

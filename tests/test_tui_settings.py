@@ -28,11 +28,6 @@ flash_attn = "on"
 """
 
 
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def paths_in(tmp_path: Path) -> Paths:
     return Paths(tmp_path / "config", tmp_path / "data", tmp_path / "cache")
 

@@ -47,11 +47,6 @@ plain fence with | pipes | and ``` inside text
 CHUNKINGS = 200
 
 
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Harness(App[None]):
     CSS = "MessageView { height: auto; }"
 

@@ -15,11 +15,6 @@ from tests.tui_support import build_app, loaded, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture()
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def luminance(colour: str) -> float:
     """WCAG relative luminance."""
     c = Color.parse(colour)
