@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# The fake-hub fixtures (fake, other, env, store, tiny, big) shared by the hub tests.
+pytest_plugins = ["tests.hub_fixtures"]
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCALFAB = Path(sys.executable).with_name("localfab")
 

@@ -7,7 +7,6 @@ import hashlib
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,56 +16,11 @@ from localfab.hub import HttpRangeSource, Hub, HubConfig, open_remote, parse_ref
 from localfab.store import Store
 from tests.conftest import LOCALFAB
 from tests.hf_server import FakeHub
+from tests.hub_fixtures import hub
 from tests.test_store import write_tiny_gguf
 
 REPO = "owner/Tiny-GGUF"
 FILE = "Tiny-Q4_K_M.gguf"
-
-
-@pytest.fixture()
-def fake() -> Iterator[FakeHub]:
-    with FakeHub() as hub:
-        yield hub
-
-
-@pytest.fixture()
-def other() -> Iterator[FakeHub]:
-    """A second server on another port: another origin, i.e. not the configured hub."""
-    with FakeHub() as hub:
-        yield hub
-
-
-@pytest.fixture()
-def env(monkeypatch: pytest.MonkeyPatch, fake: FakeHub, tmp_path: Path) -> Path:
-    monkeypatch.setenv("HF_ENDPOINT", fake.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    home = tmp_path / "home"
-    monkeypatch.setenv("LOCALFAB_HOME", str(home))
-    return home
-
-
-@pytest.fixture()
-def store(env: Path) -> Store:
-    return Store()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf").read_bytes()
-
-
-@pytest.fixture(scope="module")
-def big(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    path = tmp_path_factory.mktemp("big") / "b.gguf"
-    return write_tiny_gguf(path, floats=6 * 1024 * 1024).read_bytes()
-
-
-def hub() -> Hub:
-    return Hub(HubConfig.from_env())
 
 
 def cli_env(fake: FakeHub, tmp_path: Path, **extra: str) -> dict[str, str]:

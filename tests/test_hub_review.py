@@ -5,7 +5,6 @@ sources told their size through their own API."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
 
 import huggingface_hub  # noqa: F401 - the library reads HF_HUB_OFFLINE once, on import
@@ -16,40 +15,10 @@ from localfab.hub import HttpRangeSource, Hub, HubConfig, ModelRef, open_remote
 from localfab.hub.files import RemoteFile, pick_files
 from localfab.store import Store
 from tests.hf_server import FakeHub
-from tests.test_store import write_tiny_gguf
 
 REPO = "owner/Tiny-GGUF"
 FILE = "Tiny-Q4_K_M.gguf"
 HUB_DIR = Path(__file__).resolve().parent.parent / "localfab" / "hub"
-
-
-@pytest.fixture()
-def fake() -> Iterator[FakeHub]:
-    with FakeHub() as hub:
-        yield hub
-
-
-@pytest.fixture()
-def other() -> Iterator[FakeHub]:
-    with FakeHub() as hub:
-        yield hub
-
-
-@pytest.fixture()
-def env(monkeypatch: pytest.MonkeyPatch, fake: FakeHub, tmp_path: Path) -> Path:
-    monkeypatch.setenv("HF_ENDPOINT", fake.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("LOCALFAB_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf").read_bytes()
 
 
 # open_remote and offline mode ------------------------------------------------------------------
