@@ -87,15 +87,19 @@ class HostedRepo:
     status: int | None = None  # every request to the repo answers this status
 
 
-@dataclass(frozen=True)
+@dataclass
 class RecordedRequest:
-    """A request the fake hub saw, and how many body bytes it sent back."""
+    """A request the fake hub saw, and how many body bytes it sent back.
+
+    Recorded when the request arrives; `status` and `sent` are filled in before each byte of the
+    reply is written, so a client that has read the reply always finds its request here.
+    """
 
     method: str
     path: str
     headers: dict[str, str]
-    status: int
-    sent: int
+    status: int = 0
+    sent: int = 0
 
     @property
     def range(self) -> str | None:
@@ -237,6 +241,7 @@ class FakeHub:
 
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeHub
+    _rec: RecordedRequest  # the request being handled (see `_handle`)
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
@@ -258,6 +263,8 @@ class _Handler(BaseHTTPRequestHandler):
         head: bool = False,
         length: int | None = None,
     ) -> int:
+        self._rec.status = status
+        self._rec.sent = 0 if head else len(body)
         self.send_response(status)
         for k, v in (headers or {}).items():
             self.send_header(k, v)
@@ -284,19 +291,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, *, head: bool) -> None:
         url = urlsplit(self.path)
         path = unquote(url.path)
+        self._rec = RecordedRequest(
+            method=self.command, path=path, headers={k.lower(): v for k, v in self.headers.items()}
+        )
+        self.fake._record(self._rec)
         status, sent = 500, 0
         try:
             status, sent = self._route(path, parse_qs(url.query), head=head)
         finally:
-            self.fake._record(
-                RecordedRequest(
-                    method=self.command,
-                    path=path,
-                    headers={k.lower(): v for k, v in self.headers.items()},
-                    status=status,
-                    sent=sent,
-                )
-            )
+            self._rec.status, self._rec.sent = status, sent
 
     def _access(self, repo: HostedRepo, *, head: bool) -> tuple[int, int] | None:
         if repo.status is not None:
@@ -370,10 +373,11 @@ class _Handler(BaseHTTPRequestHandler):
             hosted = repo.files.get(m.group(3))
             if hosted is None:
                 headers = {"X-Repo-Commit": repo.commit}
+                body = json.dumps({"error": "Entry not found"}).encode()
+                self._rec.status, self._rec.sent = 404, 0 if head else len(body)
                 self.send_response(404)
                 for k, v in headers.items():
                     self.send_header(k, v)
-                body = json.dumps({"error": "Entry not found"}).encode()
                 self.send_header("X-Error-Code", "EntryNotFound")
                 self.send_header("X-Error-Message", "Entry not found")
                 self.send_header("Content-Type", "application/json")
@@ -435,6 +439,7 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{hosted.size}"
 
+        self._rec.status = status
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
@@ -450,6 +455,7 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = hosted.read(pos, pos + min(1 << 20, limit - sent))
                 if not chunk:
                     break
+                self._rec.sent = sent + len(chunk)
                 self.wfile.write(chunk)
                 sent += len(chunk)
                 pos += len(chunk)
