@@ -139,12 +139,8 @@ def load_catalog(path: Path | None = None) -> Catalog:
     return Catalog(entries=entries, path=path)
 
 
-def _entry(item: Any, index: int, source: str) -> CatalogEntry:
-    where = f"{source}, entry {index + 1}"
-    if not isinstance(item, dict):
-        raise CatalogError(f"{where} is not a table")
-    if isinstance(item.get("name"), str):
-        where += f" ({item['name']})"
+def _check_fields(item: dict[str, Any], where: str) -> None:
+    """Every required field present, non-empty and of its type; optional ones of theirs."""
     unknown = sorted(set(item) - set(_REQUIRED) - set(_OPTIONAL))
     if unknown:
         raise CatalogError(f"{where}: unknown field(s) {', '.join(unknown)}")
@@ -160,13 +156,17 @@ def _entry(item: Any, index: int, source: str) -> CatalogEntry:
         if key in item and not isinstance(item[key], kind):
             raise CatalogError(f"{where}: field {key!r} must be a {kind.__name__}")
 
-    names = [item["name"], *item.get("aliases", [])]
-    for name in names:
+
+def _check_names(item: dict[str, Any], where: str) -> None:
+    for name in [item["name"], *item.get("aliases", [])]:
         if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
             raise CatalogError(f"{where}: {name!r} is not a valid model name")
     if not REPO_RE.match(item["repo"]) or ".." in item["repo"]:
         raise CatalogError(f"{where}: {item['repo']!r} is not a Hugging Face repo id")
-    files = item["files"]
+
+
+def _check_files(files: list[Any], quant: str, where: str) -> None:
+    """Plain .gguf names carrying the quant; several files only as the parts of one split."""
     if not files or not all(isinstance(f, str) for f in files):
         raise CatalogError(f"{where}: 'files' must list at least one file name")
     for file in files:
@@ -177,21 +177,32 @@ def _entry(item: Any, index: int, source: str) -> CatalogEntry:
             or not file.lower().endswith(".gguf")
         ):
             raise CatalogError(f"{where}: {file!r} is not a plain .gguf file name")
-        if item["quant"].casefold() not in file.casefold():
-            raise CatalogError(f"{where}: {file!r} does not carry the quant {item['quant']!r}")
+        if quant.casefold() not in file.casefold():
+            raise CatalogError(f"{where}: {file!r} does not carry the quant {quant!r}")
     if len(files) > 1:
         parts = [SPLIT_RE.match(f) for f in files]
         if not all(parts) or [int(m.group("part")) for m in parts if m] != list(
             range(1, len(files) + 1)
         ):
             raise CatalogError(f"{where}: several files must be the parts -00001-of-N.. in order")
+
+
+def _entry(item: Any, index: int, source: str) -> CatalogEntry:
+    where = f"{source}, entry {index + 1}"
+    if not isinstance(item, dict):
+        raise CatalogError(f"{where} is not a table")
+    if isinstance(item.get("name"), str):
+        where += f" ({item['name']})"
+    _check_fields(item, where)
+    _check_names(item, where)
+    _check_files(item["files"], item["quant"], where)
     if item["size_bytes"] <= 0 or item["context_length"] <= 0:
         raise CatalogError(f"{where}: size_bytes and context_length must be positive")
     return CatalogEntry(
         name=item["name"],
         title=item["title"],
         repo=item["repo"],
-        files=tuple(files),
+        files=tuple(item["files"]),
         quant=item["quant"],
         size_bytes=item["size_bytes"],
         params=item["params"],

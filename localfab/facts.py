@@ -479,15 +479,11 @@ def _source_and_label(
     raise TypeError(f"read_facts needs a path or a RangeSource, not {type(path_or_source)!r}")
 
 
-def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFacts:
-    """Parse the GGUF header of a local file or of any `RangeSource` into `ModelFacts`.
+_TensorHeader = tuple[str, int, tuple[int, ...], int, int]  # name, type, shape, offset, at
 
-    Raises `ModelError` when the file is missing, is not GGUF, or its header is truncated or
-    corrupt; the message names the byte offset and what to do.
-    """
-    source, label = _source_and_label(path_or_source)
-    cur = _Cursor(source, label)
 
+def _read_preamble(cur: _Cursor, label: str) -> tuple[int, int, int]:
+    """Magic, version and counts: (version, tensor count, metadata count)."""
     cur.what = "the magic number"
     if cur.total is not None and cur.total < 4:
         raise ModelError(f"{label} is not a GGUF file ({cur.total} bytes long)")
@@ -516,7 +512,10 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
         raise cur.corrupt(16, f"metadata count {n_kv} is impossible")
     cur.check_count(16, n_kv, _MIN_KV_BYTES, "metadata entries")
     cur.check_count(8, n_tensors, _MIN_TENSOR_INFO_BYTES, "tensor infos")
+    return version, n_tensors, n_kv
 
+
+def _read_metadata(cur: _Cursor, n_kv: int) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for i in range(n_kv):
         cur.what = f"metadata entry {i} of {n_kv}"
@@ -527,8 +526,11 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
         if key in meta:
             raise cur.corrupt(at, f"metadata key {key!r} appears twice")
         meta[key] = _value(cur, vtype)
+    return meta
 
-    tensors: list[tuple[str, int, tuple[int, ...], int, int]] = []
+
+def _read_tensor_headers(cur: _Cursor, n_tensors: int) -> list[_TensorHeader]:
+    tensors: list[_TensorHeader] = []
     for i in range(n_tensors):
         cur.what = f"tensor info {i} of {n_tensors}"
         at = cur.pos
@@ -540,7 +542,10 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
         ggml_type = cur.u32()
         offset = cur.u64()
         tensors.append((name, ggml_type, shape, offset, at))
+    return tensors
 
+
+def _alignment(cur: _Cursor, meta: Mapping[str, Any]) -> int:
     alignment = meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
     if (
         not isinstance(alignment, int)
@@ -549,8 +554,13 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
         or alignment & (alignment - 1)
     ):
         raise cur.corrupt(0, f"general.alignment {alignment!r} is not a power of two")
-    data_offset = -(-cur.pos // alignment) * alignment
+    return alignment
 
+
+def _tensor_infos(
+    cur: _Cursor, label: str, tensors: list[_TensorHeader], alignment: int, data_offset: int
+) -> list[TensorInfo]:
+    """Sizes of the tensors, each checked to be aligned and to fit in the file."""
     cur.what = "the tensor infos"
     infos: list[TensorInfo] = []
     for name, ggml_type, shape, offset, at in tensors:
@@ -563,7 +573,23 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
                 f"file is {cur.total} bytes: the file is truncated; download it again"
             )
         infos.append(TensorInfo(name, ggml_type, shape, offset, nbytes))
+    return infos
 
+
+def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFacts:
+    """Parse the GGUF header of a local file or of any `RangeSource` into `ModelFacts`.
+
+    Raises `ModelError` when the file is missing, is not GGUF, or its header is truncated or
+    corrupt; the message names the byte offset and what to do.
+    """
+    source, label = _source_and_label(path_or_source)
+    cur = _Cursor(source, label)
+    version, n_tensors, n_kv = _read_preamble(cur, label)
+    meta = _read_metadata(cur, n_kv)
+    tensors = _read_tensor_headers(cur, n_tensors)
+    alignment = _alignment(cur, meta)
+    data_offset = -(-cur.pos // alignment) * alignment
+    infos = _tensor_infos(cur, label, tensors, alignment, data_offset)
     try:
         return _facts(meta, infos, label=label, cur=cur, version=version, data_offset=data_offset)
     except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
@@ -650,26 +676,14 @@ class _Checker:
         return self.int_value(name, value, low, high)
 
 
-def _facts(
-    meta: dict[str, Any],
-    infos: list[TensorInfo],
-    *,
-    label: str,
-    cur: _Cursor,
-    version: int,
-    data_offset: int,
-) -> ModelFacts:
-    arch = meta.get("general.architecture")
-    if not isinstance(arch, str):
-        raise ModelError(f"{label}: the GGUF header has no general.architecture: not a model file")
-    c = _Checker(meta, label, arch)
-    by_name = {t.name: t for t in infos}
+def _layer_count(c: _Checker, infos: list[TensorInfo]) -> int:
+    """`block_count`, bounded by llama.cpp's MAX_LAYERS and by the blk.N tensors present.
 
-    # Layers: llama.cpp loads at most MAX_LAYERS, and a file cannot have more layers than it
-    # has blk.N tensors for. Everything per layer below is sized by this number, so it is
-    # bounded before anything is allocated from it.
+    Everything per layer is sized by this number, so it is bounded before anything is
+    allocated from it.
+    """
     c.need("block_count")
-    n_layer = c.count("block_count", high=MAX_LAYERS)
+    n_layer: int = c.count("block_count", high=MAX_LAYERS)
     blocks = [int(m.group(1)) for t in infos if (m := _BLOCK_RE.match(t.name))]
     if blocks and n_layer > max(blocks) + 1:
         raise c.bad(
@@ -677,103 +691,130 @@ def _facts(
             f"says {n_layer} layers but the file holds tensors for {max(blocks) + 1} "
             f"(blk.0 to blk.{max(blocks)})",
         )
+    return n_layer
 
-    n_embd = c.int_value("embedding_length", c.need("embedding_length"), 1, _U32_MAX)
 
-    # Heads: a per-layer array may hold 0 for layers without attention (hybrid models), but
-    # some layer must have heads, unless the architecture has no attention at all.
-    attention_free = arch in _ATTENTION_FREE
+def _largest(value: int | tuple[int, ...]) -> int:
+    return value if isinstance(value, int) else max(value)
+
+
+def _heads(c: _Checker, n_layer: int) -> tuple[int | tuple[int, ...], int | tuple[int, ...], int]:
+    """(n_head, n_head_kv, the largest n_head).
+
+    A per-layer array may hold 0 for layers without attention (hybrid models), but some layer
+    must have heads, unless the architecture has no attention at all.
+    """
     n_head = c.per_layer("attention.head_count", c.need("attention.head_count"), n_layer, low=0)
-    n_head_max = n_head if isinstance(n_head, int) else max(n_head)
-    if n_head_max == 0 and not attention_free:
+    n_head_max = _largest(n_head)
+    if n_head_max == 0 and c.arch not in _ATTENTION_FREE:
         raise c.bad("attention.head_count", "is 0: a model with attention needs heads")
     kv_raw = c.get("attention.head_count_kv")
     n_head_kv = (
         n_head if kv_raw is None else c.per_layer("attention.head_count_kv", kv_raw, n_layer, low=0)
     )
-    n_head_kv_max = n_head_kv if isinstance(n_head_kv, int) else max(n_head_kv)
-    if n_head_kv_max == 0 and n_head_max > 0:
+    if _largest(n_head_kv) == 0 and n_head_max > 0:
         raise c.bad("attention.head_count_kv", "is 0: a model with attention needs KV heads")
+    return n_head, n_head_kv, n_head_max
 
-    # Head sizes (key/value lengths) multiply every KV-cache estimate; 0 would make the cache
-    # free. Without the keys they default to n_embd / n_head, as in llama.cpp.
+
+def _head_lengths(c: _Checker, n_embd: int, n_head_max: int) -> tuple[int, int]:
+    """(key_length, value_length).
+
+    They multiply every KV-cache estimate; 0 would make the cache free. Without the keys they
+    default to n_embd / n_head, as in llama.cpp.
+    """
     head_low = 0 if n_head_max == 0 else 1
     default_head_dim = n_embd // n_head_max if n_head_max else 0
-    key_length = c.count("attention.key_length", low=head_low, default=default_head_dim)
-    value_length = c.count("attention.value_length", low=head_low, default=default_head_dim)
+    key_length: int = c.count("attention.key_length", low=head_low, default=default_head_dim)
+    value_length: int = c.count("attention.value_length", low=head_low, default=default_head_dim)
     if n_head_max and not (key_length and value_length):
         raise c.bad(
             "embedding_length", f"is {n_embd}, smaller than the {n_head_max} attention heads"
         )
+    return key_length, value_length
 
-    n_ff_raw = c.get("feed_forward_length")
-    n_ff = (
-        None if n_ff_raw is None else c.per_layer("feed_forward_length", n_ff_raw, n_layer, low=0)
-    )
 
-    # Mixture of experts: not planned with yet, but a file whose counts llama.cpp refuses
-    # (more experts than it supports, more used per token than there are) is not a model.
+def _check_experts(c: _Checker, n_layer: int) -> None:
+    """Mixture of experts: not planned with yet, but a file whose counts llama.cpp refuses
+    (more experts than it supports, more used per token than there are) is not a model."""
     n_expert = c.count("expert_count", low=0, high=MAX_EXPERTS, default=0)
     used = c.get("expert_used_count")
-    if used is not None:
-        n_used = c.per_layer("expert_used_count", used, n_layer, low=0)
-        n_used_max = n_used if isinstance(n_used, int) else max(n_used)
-        if n_used_max > n_expert:
-            raise c.bad("expert_used_count", f"is {n_used_max}, more than the {n_expert} experts")
-        if n_expert and not n_used_max:
-            raise c.bad("expert_used_count", f"is 0 with {n_expert} experts")
+    if used is None:
+        return
+    n_used_max = _largest(c.per_layer("expert_used_count", used, n_layer, low=0))
+    if n_used_max > n_expert:
+        raise c.bad("expert_used_count", f"is {n_used_max}, more than the {n_expert} experts")
+    if n_expert and not n_used_max:
+        raise c.bad("expert_used_count", f"is 0 with {n_expert} experts")
 
+
+def _sliding_window(c: _Checker, n_layer: int) -> tuple[int | None, tuple[bool, ...]]:
+    """(sliding window size or None, which layers use it)."""
     window = c.count("attention.sliding_window", low=0)
     sliding_window = window or None
     pattern = c.get("attention.sliding_window_pattern")
-    if pattern is not None:
-        if isinstance(pattern, list | _BigArray):
-            n = len(pattern) if isinstance(pattern, list) else pattern.count
-            if isinstance(pattern, _BigArray) or n != n_layer:
-                raise c.bad(
-                    "attention.sliding_window_pattern", f"has {n} entries for {n_layer} layers"
-                )
-            if not all(isinstance(p, bool | int) for p in pattern):
-                raise c.bad("attention.sliding_window_pattern", "holds values that are not flags")
-        else:
-            c.int_value("attention.sliding_window_pattern", pattern, 0, _U32_MAX)
-    swa_layers = _swa_layers(arch, pattern, sliding_window, n_layer)
+    if isinstance(pattern, list | _BigArray):
+        n = len(pattern) if isinstance(pattern, list) else pattern.count
+        if isinstance(pattern, _BigArray) or n != n_layer:
+            raise c.bad("attention.sliding_window_pattern", f"has {n} entries for {n_layer} layers")
+        if not all(isinstance(p, bool | int) for p in pattern):
+            raise c.bad("attention.sliding_window_pattern", "holds values that are not flags")
+    elif pattern is not None:
+        c.int_value("attention.sliding_window_pattern", pattern, 0, _U32_MAX)
+    return sliding_window, _swa_layers(c.arch, pattern, sliding_window, n_layer)
 
-    n_ctx_train = c.count("context_length", default=0)
 
-    # Vocabulary: the token list's length, else vocab_size, else the embedding's width.
+def _corrupt(label: str, problem: str) -> ModelCorrupt:
+    return ModelCorrupt(
+        f"model file {label} is corrupt: {problem}; download it again or get it from its source"
+    )
+
+
+def _token_list_size(tokens: Any, label: str) -> int:
+    """The length of `tokenizer.ggml.tokens`, which must be a non-empty array of strings."""
+    if isinstance(tokens, _BigArray):
+        n_vocab, is_strings = tokens.count, tokens.item_type == GGUFValueType.STRING
+    elif isinstance(tokens, list):
+        n_vocab, is_strings = len(tokens), all(isinstance(t, str) for t in tokens)
+    else:
+        n_vocab, is_strings = 0, False
+    if not is_strings:
+        raise _corrupt(
+            label, f"tokenizer.ggml.tokens is {_describe(tokens)}, not an array of strings"
+        )
+    if n_vocab < 1:
+        raise _corrupt(label, "tokenizer.ggml.tokens is empty")
+    return n_vocab
+
+
+def _vocab_size(
+    meta: Mapping[str, Any], c: _Checker, by_name: Mapping[str, TensorInfo], label: str
+) -> int:
+    """The token list's length, else vocab_size, else the embedding's width; 0 if none."""
     tokens = meta.get("tokenizer.ggml.tokens")
     if tokens is not None:
-        if isinstance(tokens, _BigArray):
-            n_vocab = tokens.count
-            is_strings = tokens.item_type == GGUFValueType.STRING
-        elif isinstance(tokens, list):
-            n_vocab = len(tokens)
-            is_strings = all(isinstance(t, str) for t in tokens)
-        else:
-            n_vocab, is_strings = 0, False
-        if not is_strings:
-            raise ModelCorrupt(
-                f"model file {label} is corrupt: tokenizer.ggml.tokens is {_describe(tokens)}, "
-                f"not an array of strings; download it again or get it from its source"
-            )
-        if n_vocab < 1:
-            raise ModelCorrupt(
-                f"model file {label} is corrupt: tokenizer.ggml.tokens is empty; "
-                f"download it again or get it from its source"
-            )
-    elif c.get("vocab_size") is not None:
-        n_vocab = c.count("vocab_size")
-    elif "token_embd.weight" in by_name:
+        return _token_list_size(tokens, label)
+    if c.get("vocab_size") is not None:
+        return int(c.count("vocab_size"))
+    if "token_embd.weight" in by_name:
         n_vocab = by_name["token_embd.weight"].shape[-1]
         if n_vocab < 1:
-            raise ModelCorrupt(
-                f"model file {label} is corrupt: token_embd.weight has an empty vocabulary "
-                f"dimension; download it again or get it from its source"
-            )
-    else:
-        n_vocab = 0
+            raise _corrupt(label, "token_embd.weight has an empty vocabulary dimension")
+        return n_vocab
+    return 0
 
+
+@dataclass(frozen=True)
+class _TensorBytes:
+    layers: tuple[int, ...]
+    token_embd: int
+    output: int
+    output_norm: int
+    other: int
+
+
+def _tensor_bytes(infos: list[TensorInfo], n_layer: int) -> _TensorBytes:
+    """Tensor bytes by where llama.cpp puts them: per layer, embedding, output, the rest."""
     layer_bytes = [0] * n_layer
     token_embd = output = output_norm = other = 0
     for t in infos:
@@ -788,13 +829,41 @@ def _facts(
             output_norm += t.nbytes
         else:
             other += t.nbytes
-    output_tied = "output.weight" not in by_name
-    total = sum(t.nbytes for t in infos)
+    return _TensorBytes(tuple(layer_bytes), token_embd, output, output_norm, other)
 
+
+def _facts(
+    meta: dict[str, Any],
+    infos: list[TensorInfo],
+    *,
+    label: str,
+    cur: _Cursor,
+    version: int,
+    data_offset: int,
+) -> ModelFacts:
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelError(f"{label}: the GGUF header has no general.architecture: not a model file")
+    c = _Checker(meta, label, arch)
+    by_name = {t.name: t for t in infos}
+    n_layer = _layer_count(c, infos)
+    n_embd = c.int_value("embedding_length", c.need("embedding_length"), 1, _U32_MAX)
+    n_head, n_head_kv, n_head_max = _heads(c, n_layer)
+    key_length, value_length = _head_lengths(c, n_embd, n_head_max)
+    n_ff_raw = c.get("feed_forward_length")
+    n_ff = (
+        None if n_ff_raw is None else c.per_layer("feed_forward_length", n_ff_raw, n_layer, low=0)
+    )
+    _check_experts(c, n_layer)
+    sliding_window, swa_layers = _sliding_window(c, n_layer)
+    n_ctx_train = c.count("context_length", default=0)
+    n_vocab = _vocab_size(meta, c, by_name, label)
+    sizes = _tensor_bytes(infos, n_layer)
+    name = meta.get("general.name")
     template = meta.get("tokenizer.chat_template")
     return ModelFacts(
         arch=arch,
-        name=meta.get("general.name") if isinstance(meta.get("general.name"), str) else None,
+        name=name if isinstance(name, str) else None,
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
@@ -810,13 +879,13 @@ def _facts(
         chat_template=template if isinstance(template, str) else None,
         bos_token_id=_int_or_none(meta.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_int_or_none(meta.get("tokenizer.ggml.eos_token_id")),
-        layer_bytes=tuple(layer_bytes),
-        token_embd_bytes=token_embd,
-        output_bytes=output,
-        output_tied=output_tied,
-        output_norm_bytes=output_norm,
-        other_bytes=other,
-        total_tensor_bytes=total,
+        layer_bytes=sizes.layers,
+        token_embd_bytes=sizes.token_embd,
+        output_bytes=sizes.output,
+        output_tied="output.weight" not in by_name,
+        output_norm_bytes=sizes.output_norm,
+        other_bytes=sizes.other,
+        total_tensor_bytes=sum(t.nbytes for t in infos),
         tensor_data_offset=data_offset,
         file_size=cur.total,
         gguf_version=version,

@@ -154,7 +154,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         self.steps = 0
         self.next_clock_check = 0
         self.depth = 0
-        self.concat = self.lf_concat  # type: ignore[assignment]
+        self.concat = self.lf_concat  # type: ignore[method-assign]
         self.globals.pop("lipsum", None)  # its size arguments are not bounded
         self.globals["range"] = self.lf_range
         self.globals["raise_exception"] = _raise

@@ -231,7 +231,7 @@ def test_n_probs_are_the_log_softmax_of_the_logits(engine):
     prompt = engine.tokenize("The lighthouse keeper climbed the")
     engine.clear_cache()
     engine.evaluate(prompt)
-    logits = np.array(engine._logits(), dtype=np.float64)
+    logits = np.array(engine._kv.logits(), dtype=np.float64)
     log_softmax = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
     expected = np.argsort(-log_softmax, kind="stable")[:5]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from localfab.errors import UsageError
@@ -333,9 +334,7 @@ def _class_size(cls: str) -> int:
     return sum(1 for item in _CLASS_ITEM.finditer(body.removeprefix("^")) if item.group() != "-")
 
 
-def _scan(
-    grammar: str, known: dict[str, tuple[_Reach, int]]
-) -> tuple[dict[str, tuple[_Reach, int]], set[str]]:
+def _check_size(grammar: str) -> None:
     if len(grammar) > GRAMMAR_MAX_BYTES or len(grammar.encode("utf-8", "replace")) > (
         GRAMMAR_MAX_BYTES
     ):
@@ -345,149 +344,178 @@ def _scan(
             GRAMMAR_MAX_BYTES,
             "use a smaller grammar",
         )
-    depth = max_depth = 0
-    rules = groups = alternatives = 0
-    expanded = 0
-    stack: list[int] = []  # elements in each open group
-    current = 0  # elements in the innermost open sequence
-    last = 0  # elements of the atom a following repetition operator applies to
-    last_is_group = False  # that atom is a group or a rule reference (it may match nothing)
-    runs = _Nullables(known)
-    class_total = 0
-    for m in _GBNF_TOKEN.finditer(grammar):
-        kind = m.lastgroup
-        if kind == "com":
-            continue
-        if kind in ("str", "cls"):
-            runs.atom(wide=m.group().startswith("[^"))
-            if kind == "cls":
-                size = _class_size(m.group())
-                class_total += size
-                if size > GRAMMAR_MAX_CLASS:
-                    raise _too(
-                        "grammar character class size",
-                        f"{size} characters",
-                        GRAMMAR_MAX_CLASS,
-                        "use ranges (`[a-z]`) or fewer characters in one class",
-                    )
-                if class_total > GRAMMAR_MAX_CLASS_TOTAL:
-                    raise _too(
-                        "grammar character classes' total size",
-                        f"{class_total} characters",
-                        GRAMMAR_MAX_CLASS_TOTAL,
-                        "use ranges (`[a-z]`) or fewer character classes",
-                    )
-            last_is_group = False
-            # llama.cpp repeats a literal or class element by element (escapes make the length
-            # an overestimate); unrepeated, it counts once, like any other atom.
-            last = max(len(m.group()) - 2, 1)
-            current += 1
-        elif kind in ("tok", "ref"):
-            runs.atom(m.group() if kind == "ref" and m.group() != "." else "", m.group() == ".")
-            last = 1
-            current += 1
-            last_is_group = kind == "ref" and m.group() != "."
-        elif kind == "rule":
-            runs.rule(runs.pending_name)
-            rules += 1
-            if rules + groups > GRAMMAR_MAX_RULES:
-                raise _too(
-                    "grammar rule count",
-                    rules + groups,
-                    GRAMMAR_MAX_RULES,
-                    "use fewer rules and groups",
-                )
-            expanded += current + sum(stack)
-            current = last = 0
-            depth = 0  # a new rule starts at the top level; stray ( are llama.cpp's to report
-            stack.clear()
-        elif kind == "rep":
-            # As llama.cpp reads it: spaces, newlines and comments between the parts skipped.
-            bounds = _GBNF_REP_BOUNDS.fullmatch(_REP_SPACE.sub("", m.group()))
-            if bounds is None:
-                shown = m.group() if len(m.group()) <= 40 else m.group()[:36] + "..."
-                raise GrammarLimitError(
-                    f"grammar repetition {shown!r} is not of the form {{m}}, {{m,}} or {{m,n}}; "
-                    "write the counts as plain numbers"
-                )
-            hint = "use a smaller repetition count or `*`/`+`"
-            lo = _bound(bounds.group(1), "grammar repetition count", GRAMMAR_MAX_REPETITION, hint)
-            hi_text = bounds.group(3)
-            hi = (
-                _bound(hi_text, "grammar repetition count", GRAMMAR_MAX_REPETITION, hint)
-                if hi_text
-                else lo + 1
-            )
-            if last_is_group and max(lo, hi) > GRAMMAR_MAX_GROUP_REPETITION:
-                raise _too(
-                    "grammar repetition count of a group or rule",
-                    max(lo, hi),
-                    GRAMMAR_MAX_GROUP_REPETITION,
-                    "repeat a literal or character class instead, or use `*`/`+`",
-                )
-            runs.rep(lo, hi if hi_text else (None if bounds.group(2) else lo))
-            added = last * max(lo, hi)
-            current += added
-            if current + expanded > GRAMMAR_MAX_EXPANDED:
-                raise _too(
-                    "grammar size after expanding repetitions",
-                    f"{current + expanded} elements",
-                    GRAMMAR_MAX_EXPANDED,
-                    "use smaller repetition counts",
-                )
-        else:
-            op = m.group()
-            if op in "?*+":
-                runs.op(op)
-            if op == "(":
-                runs.open()
-                depth += 1
-                groups += 1
-                if depth > max_depth:
-                    max_depth = depth
-                    if depth > GRAMMAR_MAX_NESTING:
-                        raise _too(
-                            "grammar nesting depth",
-                            _total_depth(grammar, m.start()),
-                            GRAMMAR_MAX_NESTING,
-                            "flatten the grammar into named rules",
-                        )
-                if rules + groups > GRAMMAR_MAX_RULES:
-                    raise _too(
-                        "grammar rule count",
-                        rules + groups,
-                        GRAMMAR_MAX_RULES,
-                        "use fewer rules and groups",
-                    )
-                stack.append(current)
-                current = last = 0
-            elif op == ")":
-                runs.close()
-                depth = max(depth - 1, 0)
-                # A repetition of the group repeats everything in it (nested ones multiply).
-                last = current
-                current = (stack.pop() if stack else 0) + last
-                last_is_group = True
-            elif op == "|":
-                runs.bar()
-                alternatives += 1
-                if alternatives > GRAMMAR_MAX_ALTERNATIVES:
-                    raise _too(
-                        "grammar alternative count",
-                        _count_alternatives(grammar),
-                        GRAMMAR_MAX_ALTERNATIVES,
-                        "use fewer alternatives",
-                    )
-            # * + ?: one new rule referring to the element; no expansion.
-        if current + expanded > GRAMMAR_MAX_EXPANDED:
+
+
+class _Scanner:
+    """One pass over a GBNF text, counting what llama.cpp's parser would build."""
+
+    def __init__(self, grammar: str, known: dict[str, tuple[_Reach, int]]) -> None:
+        self.grammar = grammar
+        self.depth = self.max_depth = 0
+        self.rules = self.groups = self.alternatives = 0
+        self.expanded = 0
+        self.stack: list[int] = []  # elements in each open group
+        self.current = 0  # elements in the innermost open sequence
+        self.last = 0  # elements of the atom a following repetition operator applies to
+        self.last_is_group = False  # that atom is a group or a rule reference (may be empty)
+        self.runs = _Nullables(known)
+        self.class_total = 0
+
+    def scan(self) -> tuple[dict[str, tuple[_Reach, int]], set[str]]:
+        handlers: dict[str | None, Callable[[re.Match[str]], None]] = {
+            "str": self._literal,
+            "cls": self._literal,
+            "tok": self._reference,
+            "ref": self._reference,
+            "rule": self._rule,
+            "rep": self._repetition,
+        }
+        for m in _GBNF_TOKEN.finditer(self.grammar):
+            kind = m.lastgroup
+            if kind == "com":
+                continue
+            handlers.get(kind, self._operator)(m)
+            self._check_expanded()
+        self.runs.end_rule()
+        return self.runs.rules, self.runs.forward
+
+    def _check_expanded(self) -> None:
+        if self.current + self.expanded > GRAMMAR_MAX_EXPANDED:
             raise _too(
                 "grammar size after expanding repetitions",
-                f"{current + expanded} elements",
+                f"{self.current + self.expanded} elements",
                 GRAMMAR_MAX_EXPANDED,
                 "use smaller repetition counts",
             )
-    runs.end_rule()
-    return runs.rules, runs.forward
+
+    def _check_rule_count(self) -> None:
+        if self.rules + self.groups > GRAMMAR_MAX_RULES:
+            raise _too(
+                "grammar rule count",
+                self.rules + self.groups,
+                GRAMMAR_MAX_RULES,
+                "use fewer rules and groups",
+            )
+
+    def _literal(self, m: re.Match[str]) -> None:
+        self.runs.atom(wide=m.group().startswith("[^"))
+        if m.lastgroup == "cls":
+            self._check_class(m.group())
+        self.last_is_group = False
+        # llama.cpp repeats a literal or class element by element (escapes make the length
+        # an overestimate); unrepeated, it counts once, like any other atom.
+        self.last = max(len(m.group()) - 2, 1)
+        self.current += 1
+
+    def _check_class(self, token: str) -> None:
+        size = _class_size(token)
+        self.class_total += size
+        if size > GRAMMAR_MAX_CLASS:
+            raise _too(
+                "grammar character class size",
+                f"{size} characters",
+                GRAMMAR_MAX_CLASS,
+                "use ranges (`[a-z]`) or fewer characters in one class",
+            )
+        if self.class_total > GRAMMAR_MAX_CLASS_TOTAL:
+            raise _too(
+                "grammar character classes' total size",
+                f"{self.class_total} characters",
+                GRAMMAR_MAX_CLASS_TOTAL,
+                "use ranges (`[a-z]`) or fewer character classes",
+            )
+
+    def _reference(self, m: re.Match[str]) -> None:
+        is_rule = m.lastgroup == "ref" and m.group() != "."
+        self.runs.atom(m.group() if is_rule else "", m.group() == ".")
+        self.last = 1
+        self.current += 1
+        self.last_is_group = is_rule
+
+    def _rule(self, _m: re.Match[str]) -> None:
+        self.runs.rule(self.runs.pending_name)
+        self.rules += 1
+        self._check_rule_count()
+        self.expanded += self.current + sum(self.stack)
+        self.current = self.last = 0
+        self.depth = 0  # a new rule starts at the top level; stray ( are llama.cpp's to report
+        self.stack.clear()
+
+    def _repetition(self, m: re.Match[str]) -> None:
+        # As llama.cpp reads it: spaces, newlines and comments between the parts skipped.
+        bounds = _GBNF_REP_BOUNDS.fullmatch(_REP_SPACE.sub("", m.group()))
+        if bounds is None:
+            shown = m.group() if len(m.group()) <= 40 else m.group()[:36] + "..."
+            raise GrammarLimitError(
+                f"grammar repetition {shown!r} is not of the form {{m}}, {{m,}} or {{m,n}}; "
+                "write the counts as plain numbers"
+            )
+        hint = "use a smaller repetition count or `*`/`+`"
+        lo = _bound(bounds.group(1), "grammar repetition count", GRAMMAR_MAX_REPETITION, hint)
+        hi_text = bounds.group(3)
+        hi = (
+            _bound(hi_text, "grammar repetition count", GRAMMAR_MAX_REPETITION, hint)
+            if hi_text
+            else lo + 1
+        )
+        if self.last_is_group and max(lo, hi) > GRAMMAR_MAX_GROUP_REPETITION:
+            raise _too(
+                "grammar repetition count of a group or rule",
+                max(lo, hi),
+                GRAMMAR_MAX_GROUP_REPETITION,
+                "repeat a literal or character class instead, or use `*`/`+`",
+            )
+        self.runs.rep(lo, hi if hi_text else (None if bounds.group(2) else lo))
+        self.current += self.last * max(lo, hi)
+
+    def _operator(self, m: re.Match[str]) -> None:
+        op = m.group()
+        if op in "?*+":
+            # One new rule referring to the element; no expansion.
+            self.runs.op(op)
+        elif op == "(":
+            self._open(m.start())
+        elif op == ")":
+            self.runs.close()
+            self.depth = max(self.depth - 1, 0)
+            # A repetition of the group repeats everything in it (nested ones multiply).
+            self.last = self.current
+            self.current = (self.stack.pop() if self.stack else 0) + self.last
+            self.last_is_group = True
+        elif op == "|":
+            self.runs.bar()
+            self.alternatives += 1
+            if self.alternatives > GRAMMAR_MAX_ALTERNATIVES:
+                raise _too(
+                    "grammar alternative count",
+                    _count_alternatives(self.grammar),
+                    GRAMMAR_MAX_ALTERNATIVES,
+                    "use fewer alternatives",
+                )
+
+    def _open(self, start: int) -> None:
+        self.runs.open()
+        self.depth += 1
+        self.groups += 1
+        if self.depth > self.max_depth:
+            self.max_depth = self.depth
+            if self.depth > GRAMMAR_MAX_NESTING:
+                raise _too(
+                    "grammar nesting depth",
+                    _total_depth(self.grammar, start),
+                    GRAMMAR_MAX_NESTING,
+                    "flatten the grammar into named rules",
+                )
+        self._check_rule_count()
+        self.stack.append(self.current)
+        self.current = self.last = 0
+
+
+def _scan(
+    grammar: str, known: dict[str, tuple[_Reach, int]]
+) -> tuple[dict[str, tuple[_Reach, int]], set[str]]:
+    _check_size(grammar)
+    return _Scanner(grammar, known).scan()
 
 
 def _total_depth(grammar: str, start: int) -> int:
@@ -563,6 +591,89 @@ def _pattern_estimate(pattern: str, where: str) -> int:
     return current + sum(stack)
 
 
+# (node, depth, path for messages, length of the rule name the converter gives it)
+_SchemaItem = tuple[Any, int, str, int]
+
+
+def _check_walk(nodes: int, depth: int) -> None:
+    if nodes > SCHEMA_MAX_NODES:
+        raise _too(
+            "json_schema node count",
+            f"over {SCHEMA_MAX_NODES}",
+            SCHEMA_MAX_NODES,
+            "use a smaller schema",
+        )
+    if depth > SCHEMA_MAX_DEPTH:
+        raise _too(
+            "json_schema nesting depth",
+            f"over {SCHEMA_MAX_DEPTH}",
+            SCHEMA_MAX_DEPTH,
+            "flatten the schema or use $defs",
+        )
+
+
+def _repetition_estimate(node: dict[Any, Any], where: str, rule_len: int) -> int:
+    """Grammar bytes the repetition bounds of one schema object turn into."""
+    # A string repeats the `char` rule; an array its item rule, named after the property
+    # path; either way with a separator and brackets around each repetition.
+    item_len = {"Length": 10, "Items": rule_len + 16, "Properties": rule_len + 32}
+    estimate = 0
+    for key in _REPETITION_KEYS:
+        value = node.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not math.isfinite(value) or value > SCHEMA_MAX_REPETITION:
+            shown = int(value) if math.isfinite(value) and value == int(value) else value
+            raise _too(
+                f"{where} {key}", shown, SCHEMA_MAX_REPETITION, f"lower {key} or leave it out"
+            )
+        if value > 0:
+            estimate += int(value) * item_len.get(key[3:], rule_len + 16)
+    return estimate
+
+
+def _enum_count(node: dict[Any, Any]) -> int:
+    """Alternatives the `enum` and `const` of one schema object add."""
+    count = 0
+    for key in ("enum", "const"):
+        if key in node:
+            values = node[key] if key == "enum" and isinstance(node[key], list) else [node[key]]
+            count += len(values)
+    return count
+
+
+def _check_object(node: dict[Any, Any], where: str) -> None:
+    """Checks of one schema object that add to no total: `$ref`."""
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        raise GrammarLimitError(
+            f"{where}: $ref {ref[:100]!r} is not supported; only references into the same "
+            "schema (starting with '#') are"
+        )
+
+
+def _children(node: dict[Any, Any], depth: int, path: str, rule_len: int) -> list[_SchemaItem]:
+    children: list[_SchemaItem] = []
+    for key, value in node.items():
+        if isinstance(value, dict | list):
+            name = key if isinstance(key, str) else ""
+            child = f"{path}.{name}" if len(path) < 1000 else path
+            # A property's rule is named after its path; other nodes add a suffix.
+            grow = len(name) + 1 if path.endswith(".properties") else 5
+            children.append((value, depth + 1, child, rule_len + grow))
+    return children
+
+
+def _check_estimate(estimate: int, shown: str) -> None:
+    if estimate > SCHEMA_MAX_ESTIMATE:
+        raise _too(
+            "json_schema estimated grammar size",
+            shown,
+            SCHEMA_MAX_ESTIMATE,
+            "use smaller repetition bounds or a smaller schema",
+        )
+
+
 def check_schema(schema: Any) -> None:
     """Raise GrammarLimitError when turning `schema` into a grammar would be too costly.
 
@@ -572,88 +683,33 @@ def check_schema(schema: Any) -> None:
     estimate = 0
     nodes = 0
     enums = 0
-    # (node, depth, path for messages, length of the rule name the converter gives it)
-    stack: list[tuple[Any, int, str, int]] = [(schema, 1, "", 4)]
+    stack: list[_SchemaItem] = [(schema, 1, "", 4)]
     while stack:
         node, depth, path, rule_len = stack.pop()
         if not isinstance(node, dict | list):
             continue
         nodes += 1
-        if nodes > SCHEMA_MAX_NODES:
-            raise _too(
-                "json_schema node count",
-                f"over {SCHEMA_MAX_NODES}",
-                SCHEMA_MAX_NODES,
-                "use a smaller schema",
-            )
-        if depth > SCHEMA_MAX_DEPTH:
-            raise _too(
-                "json_schema nesting depth",
-                f"over {SCHEMA_MAX_DEPTH}",
-                SCHEMA_MAX_DEPTH,
-                "flatten the schema or use $defs",
-            )
+        _check_walk(nodes, depth)
         if isinstance(node, list):
             stack.extend((item, depth + 1, path, rule_len + 4) for item in node)
             continue
         where = f"json_schema{path or ''}"
-        # A string repeats the `char` rule; an array its item rule, named after the property
-        # path; either way with a separator and brackets around each repetition.
-        item_len = {"Length": 10, "Items": rule_len + 16, "Properties": rule_len + 32}
-        for key in _REPETITION_KEYS:
-            value = node.get(key)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            if not math.isfinite(value) or value > SCHEMA_MAX_REPETITION:
-                shown = int(value) if math.isfinite(value) and value == int(value) else value
-                raise _too(
-                    f"{where} {key}", shown, SCHEMA_MAX_REPETITION, f"lower {key} or leave it out"
-                )
-            if value > 0:
-                estimate += int(value) * item_len.get(key[3:], rule_len + 16)
-        for key in ("enum", "const"):
-            if key in node:
-                values = node[key] if key == "enum" and isinstance(node[key], list) else [node[key]]
-                enums += len(values)
-                if enums > SCHEMA_MAX_ENUM:
-                    raise _too(
-                        "json_schema enum values",
-                        f"over {SCHEMA_MAX_ENUM}",
-                        SCHEMA_MAX_ENUM,
-                        "use fewer enum values",
-                    )
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not ref.startswith("#"):
-            raise GrammarLimitError(
-                f"{where}: $ref {ref[:100]!r} is not supported; only references into the same "
-                "schema (starting with '#') are"
+        estimate += _repetition_estimate(node, where, rule_len)
+        enums += _enum_count(node)
+        if enums > SCHEMA_MAX_ENUM:
+            raise _too(
+                "json_schema enum values",
+                f"over {SCHEMA_MAX_ENUM}",
+                SCHEMA_MAX_ENUM,
+                "use fewer enum values",
             )
+        _check_object(node, where)
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             estimate += _pattern_estimate(pattern, where)
-        if estimate > SCHEMA_MAX_ESTIMATE:
-            raise _too(
-                "json_schema estimated grammar size",
-                f"over {SCHEMA_MAX_ESTIMATE} bytes",
-                SCHEMA_MAX_ESTIMATE,
-                "use smaller repetition bounds or a smaller schema",
-            )
-        for key, value in node.items():
-            if isinstance(value, dict | list):
-                name = key if isinstance(key, str) else ""
-                child = f"{path}.{name}" if len(path) < 1000 else path
-                if path.endswith(".properties"):
-                    child_len = rule_len + len(name) + 1
-                else:
-                    child_len = rule_len + 5
-                stack.append((value, depth + 1, child, child_len))
+        _check_estimate(estimate, f"over {SCHEMA_MAX_ESTIMATE} bytes")
+        stack.extend(_children(node, depth, path, rule_len))
     # Literals (enum values, property names, descriptions are not in the grammar) are at most
     # the document's own size; the walk above bounded that document.
     size = len(json.dumps(schema, ensure_ascii=False))
-    if estimate + size > SCHEMA_MAX_ESTIMATE:
-        raise _too(
-            "json_schema estimated grammar size",
-            f"{estimate + size} bytes",
-            SCHEMA_MAX_ESTIMATE,
-            "use smaller repetition bounds or a smaller schema",
-        )
+    _check_estimate(estimate + size, f"{estimate + size} bytes")

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from localfab.units import KV_CACHE_TYPES, SAMPLING, completion_tokens, usage
 
 FlashAttn = Literal["auto", "on", "off"]
 FinishReason = Literal["stop", "length", "cancelled"]
+# What stopped a generation: an end-of-generation token, a stop string, the max_tokens limit,
+# a full context window, a cancel; "none" when nothing was generated (an empty prompt).
+StopType = Literal["eos", "word", "limit", "context", "cancel", "none"]
 
 # KV cache element types by their llama.cpp names (-ctk / -ctv): the one list, in units.
 KV_TYPES = KV_CACHE_TYPES
@@ -57,6 +62,33 @@ class SamplingParams:
     @classmethod
     def greedy(cls) -> SamplingParams:
         return cls(temperature=0.0)
+
+
+ContextFull = Callable[[list[int]], Sequence[int] | None]
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What one generation asks for besides its prompt (`Engine.stream` / `Engine.generate`).
+
+    `max_tokens` -1 is no limit. `cancel` stops generation at the next token. When the window
+    fills, `on_context_full(generated)` returns the tokens the cache should hold instead (the
+    engine shifts to them and goes on) or None to end the reply ("length", stop_type
+    "context"). `carry` is the incomplete UTF-8 of a reply this one continues. With `n_probs`
+    > 0 every TokenEvent carries the token's log-probability and the `n_probs` likeliest tokens.
+    """
+
+    max_tokens: int = -1
+    sampling: SamplingParams = SamplingParams()
+    stop: Sequence[str] = ()  # kept as a tuple
+    cancel: threading.Event | None = None
+    on_context_full: ContextFull | None = None
+    carry: bytes = b""
+    n_probs: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stop, tuple):  # a list from a caller: keep the value immutable
+            object.__setattr__(self, "stop", tuple(self.stop))
 
 
 @dataclass(frozen=True)
@@ -136,9 +168,7 @@ class Done:
 
     text: str
     finish_reason: FinishReason
-    # What stopped it: "eos", "word" (a stop string), "limit" (max_tokens), "context" (window
-    # full), "cancel".
-    stop_type: str
+    stop_type: StopType  # "eos", "word" (a stop string), "limit" (max_tokens), "context"...
     tokens: tuple[int, ...]
     timings: Timings
     prompt_tokens: int
@@ -176,3 +206,29 @@ class BufferSizes:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+class ChatEngine(Protocol):
+    """The part of an engine a chat session drives: `Engine`, and the TUI's fake engine."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def can_shift(self) -> bool: ...
+
+    def shift_to(self, target: Sequence[int]) -> tuple[int, int]: ...
+
+    def evaluate(self, tokens: Sequence[int]) -> int: ...
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int = ...,
+        sampling: SamplingParams | None = ...,
+        stop: Sequence[str] = ...,
+        cancel: threading.Event | None = ...,
+        on_context_full: Callable[[list[int]], list[int] | None] | None = ...,
+        carry: bytes = ...,
+    ) -> Iterator[TokenEvent | Done]: ...

@@ -1,0 +1,223 @@
+"""KV-cache bookkeeping for one sequence: which tokens are cached, prefix reuse, shift, rebase.
+
+`KVCache.cached` mirrors llama.cpp's cache: the tokens whose KV cells sit at positions
+0..len-1, in order. Every decode, removal and shift goes through this class so the mirror never
+drifts from what llama.cpp holds; after a failed decode it is cut back to what the cache really
+has.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import llama_cpp as lc
+import numpy as np
+
+from localfab.errors import ContextOverflow, LocalfabError
+
+# A shift is worth it only when the part it keeps is longer than re-processing would cost.
+_MIN_SHIFT_KEEP = 8
+# Tokens matched to find where a prompt's continuation starts again in the cache.
+_SHIFT_KEY = 4
+
+
+class KVCache:
+    """Sequence 0 of a llama.cpp context, with the batches that feed it and its logits."""
+
+    def __init__(self, ctx: Any, n_ctx: int, n_batch: int, n_vocab: int) -> None:
+        self.ctx = ctx
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.n_vocab = n_vocab
+        self.mem = lc.llama_get_memory(ctx)
+        self._batch = lc.llama_batch_init(n_batch, 0, 1)
+        self._one = lc.llama_batch_init(1, 0, 1)  # the generation step's batch, pre-filled
+        self._one.n_tokens = 1
+        self._one.n_seq_id[0] = 1
+        self._one.seq_id[0][0] = 0
+        self._one.logits[0] = 1
+        self._logits_address: int | None = None
+        self._logits_view: np.ndarray[Any, np.dtype[np.float32]] = np.zeros(0, dtype=np.float32)
+        # Tokens whose KV cells sit in the cache at positions 0..len-1, in order. Only ever
+        # changed in place, so a generation loop may hold it in a local.
+        self.cached: list[int] = []
+
+    def free(self) -> None:
+        """Free the batches (the context belongs to the engine)."""
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._one is not None:
+            lc.llama_batch_free(self._one)
+            self._one = None
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether KV cells can be moved (False for recurrent and M-RoPE models)."""
+        return bool(lc.llama_memory_can_shift(self.mem))
+
+    # --- evaluation --------------------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], start: int, *, logits_last: bool = True) -> None:
+        """Evaluate tokens at positions start.. in batches; their KV cells join the cache."""
+        n_batch = self.n_batch
+        batch = self._batch
+        for off in range(0, len(tokens), n_batch):
+            chunk = tokens[off : off + n_batch]
+            n = len(chunk)
+            token, pos, n_seq, seq_id, logits = (
+                batch.token,
+                batch.pos,
+                batch.n_seq_id,
+                batch.seq_id,
+                batch.logits,
+            )
+            p0 = start + off
+            for i, tok in enumerate(chunk):
+                token[i] = tok
+                pos[i] = p0 + i
+                n_seq[i] = 1
+                seq_id[i][0] = 0
+                logits[i] = 0
+            if logits_last and off + n >= len(tokens):
+                logits[n - 1] = 1
+            batch.n_tokens = n
+            rc = lc.llama_decode(self.ctx, batch)
+            if rc != 0:
+                self._decode_failed(rc, start + len(tokens))
+            del self.cached[p0:]
+            self.cached.extend(chunk)
+
+    def _decode_failed(self, rc: int, n_tokens: int) -> NoReturn:
+        # Keep our view equal to what the cache really holds, then report.
+        self.sync_after_failure()
+        if rc == 1:
+            raise ContextOverflow(
+                n_tokens,
+                self.n_ctx,
+                "the KV cache has no room left for this batch: "
+                "raise the context with -c or shorten the conversation",
+            )
+        raise LocalfabError(f"llama.cpp failed to evaluate the prompt (llama_decode returned {rc})")
+
+    def decode_one(self, tok: int) -> None:
+        """The decode step of generation: one token, its logits wanted (a pre-filled batch)."""
+        one = self._one
+        n_past = len(self.cached)
+        one.token[0] = tok
+        one.pos[0] = n_past
+        rc = lc.llama_decode(self.ctx, one)
+        if rc != 0:
+            self.sync_after_failure()
+            raise LocalfabError(f"llama.cpp failed to decode a token (llama_decode returned {rc})")
+        self.cached.append(tok)
+
+    def logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """The last output's logits as a numpy view (re-made only if llama.cpp moved them)."""
+        ptr = lc.llama_get_logits_ith(self.ctx, -1)
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        if address != self._logits_address:
+            self._logits_view = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            self._logits_address = address
+        return self._logits_view
+
+    def sync_after_failure(self) -> None:
+        pos_max = lc.llama_memory_seq_pos_max(self.mem, 0)
+        del self.cached[pos_max + 1 :]
+
+    # --- reuse, shift, rebase ----------------------------------------------------------------
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens the cache shares with `tokens`."""
+        cached = self.cached
+        n = min(len(cached), len(tokens))
+        lcp = 0
+        while lcp < n and cached[lcp] == tokens[lcp]:
+            lcp += 1
+        return lcp
+
+    def reuse_prefix(self, tokens: Sequence[int], *, need_logits: bool = True) -> int:
+        """Drop cache cells past the common prefix with `tokens`; return how many are reused.
+
+        With `need_logits`, a prompt that is wholly cached keeps its last token out, so that
+        evaluating it again yields the logits to sample from.
+        """
+        cached = self.cached
+        lcp = self.common_prefix(tokens)
+        if need_logits and lcp == len(tokens) and lcp > 0:
+            lcp -= 1
+        if lcp < len(cached):
+            if not lc.llama_memory_seq_rm(self.mem, 0, lcp, -1):
+                # Some caches (sliding window without swa_full, recurrent) cannot drop a
+                # partial range: start over.
+                lc.llama_memory_clear(self.mem, True)
+                lcp = 0
+            del self.cached[lcp:]
+        return lcp
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self.mem, True)
+        self.cached.clear()
+
+    def drop_span(self, start: int, end: int) -> None:
+        """Remove cached tokens [start, end) and slide the later ones back, without re-processing.
+
+        This is the context shift: RoPE positions of the kept cells are moved by llama.cpp
+        (`llama_memory_seq_add`). Raises if the model's cache cannot shift.
+        """
+        if not 0 <= start <= end <= len(self.cached):
+            raise ValueError(
+                f"span [{start}, {end}) is outside the cache of {len(self.cached)} tokens"
+            )
+        if start == end:
+            return
+        if not self.can_shift:
+            raise LocalfabError("this model's KV cache cannot be shifted")
+        n_past = len(self.cached)
+        if not lc.llama_memory_seq_rm(self.mem, 0, start, end):
+            raise LocalfabError("llama.cpp could not remove KV cells for the shift")
+        lc.llama_memory_seq_add(self.mem, 0, end, n_past, -(end - start))
+        del self.cached[start:end]
+
+    def _best_span_end(self, a: int, rest: Sequence[int]) -> tuple[int, int]:
+        """Where in the cache (after `a`) `rest` starts again, and how long it matches there."""
+        cached = self.cached
+        k = min(_SHIFT_KEY, len(rest))
+        key = tuple(rest[:k])
+        best_b, best_len = 0, 0
+        for b in range(a + 1, len(cached) - k + 1):
+            if tuple(cached[b : b + k]) != key:
+                continue
+            m = k
+            limit = min(len(cached) - b, len(rest))
+            while m < limit and cached[b + m] == rest[m]:
+                m += 1
+            if m > best_len:
+                best_b, best_len = b, m
+        return best_b, best_len
+
+    def align_to(self, target: Sequence[int]) -> tuple[int, int]:
+        """Shift the cache so it shares the longest prefix with `target`; no token is evaluated.
+
+        The cache holds [common prefix][span that target no longer has][part target keeps...].
+        The span is found by matching where target's continuation after the common prefix
+        starts again in the cache; its cells are removed and the later ones moved back.
+        Returns (start, end) of the removed span, (0, 0) when nothing was removed.
+        """
+        a = self.common_prefix(target)
+        if a >= len(target) or a >= len(self.cached) or not self.can_shift:
+            return (0, 0)
+        best_b, best_len = self._best_span_end(a, target[a:])
+        if best_len < _MIN_SHIFT_KEEP:
+            return (0, 0)
+        self.drop_span(a, best_b)
+        return (a, best_b)
+
+    def rebase(self, target: Sequence[int]) -> None:
+        """Make the cache hold exactly `target`: shift what can be kept, evaluate the rest."""
+        self.align_to(target)
+        lcp = self.reuse_prefix(target, need_logits=False)
+        if lcp < len(target):
+            self.decode(list(target[lcp:]), lcp, logits_last=False)
