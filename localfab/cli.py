@@ -65,10 +65,10 @@ def cli(ctx: click.Context) -> None:
 
 def _register() -> None:
     # Each module imports only click and light modules at import time (`--help` stays instant).
-    from localfab.commands import chat, models, planning, run, serve
+    from localfab.commands import benchmark, chat, models, planning, run, serve, stats
 
     cli.add_command(run.run)
-    for module in (chat, planning, models, serve):
+    for module in (chat, planning, models, serve, stats, benchmark):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -111,6 +111,43 @@ def plan_for(path: Path, wishes: Wishes) -> tuple[Plan, Machine]:
     return plan(read_facts(path), machine, wishes), machine
 
 
+@dataclass(frozen=True)
+class ModelChoice:
+    """A model found and planned for this machine: what `open()` loads, and why.
+
+    `run`, `serve`, `bench` and the chat app all get here through `choose_model`, so they load
+    the same file with the same plan for the same wishes.
+    """
+
+    name: str
+    path: Path
+    plan: Plan
+    machine: Machine
+
+    @property
+    def settings(self) -> EngineSettings:
+        return EngineSettings(**self.plan.settings_kwargs())
+
+    def open(self, *, progress: Callable[[float], bool] | None = None) -> LoadedModel:
+        """Load the planned model (`progress` as in `load_model`)."""
+        return load_model(self.path, self.settings, progress=progress)
+
+
+def choose_model(
+    name: str, paths: Paths, wishes: Wishes, *, require_fit: bool = True
+) -> ModelChoice:
+    """Find `name` (a path, the embedded model or a registered name) and plan it for this machine.
+
+    With `require_fit`, a plan that does not fit raises (`Plan.require_fit`); without, the caller
+    may show the plan first and call `choice.plan.require_fit()` itself.
+    """
+    path = resolve_model(name, paths)
+    chosen, machine = plan_for(path, wishes)
+    if require_fit:
+        chosen.require_fit()
+    return ModelChoice(name=name, path=path, plan=chosen, machine=machine)
+
+
 def load_model(
     path: Path,
     settings: EngineSettings,

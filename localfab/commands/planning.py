@@ -9,6 +9,7 @@ is probed (the hardware layer sits below the engine and never imports it).
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,15 +212,30 @@ def plan(
 @click.option("--profile", default=None, help="Check a shipped hardware profile instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 def doctor(profile: str | None, as_json: bool) -> None:
-    """Show the devices found, their memory, and the llama-cpp-python backend; say what to fix."""
-    from localfab import hardware
+    """Show the devices found, their memory, and the llama-cpp-python backend; say what to fix.
+
+    Also lists the power sources this machine has (for energy per reply), how to enable the
+    missing ones, and whether the usage ledger is being written.
+    """
+    from localfab import energy, hardware
+    from localfab.config import default_paths
+    from localfab.ledger import Ledger, ledger_path, ledger_status
 
     machine = hardware.machine_from_profile_name(profile) if profile else probe_this_machine()
     advice = diagnose(machine)
+    power = None if profile else energy.survey()
+    ledger = ledger_status(Ledger(ledger_path(default_paths().data_dir)))
     if as_json:
-        click.echo(json.dumps(machine.to_dict() | {"advice": advice}, indent=2))
+        extra: dict[str, Any] = {"advice": advice, "ledger": ledger}
+        if power is not None:
+            extra["power"] = [asdict(f) for f in power.findings]
+        click.echo(json.dumps(machine.to_dict() | extra, indent=2))
         return
     click.echo(render_doctor(machine, advice))
+    if power is not None:
+        click.echo("")
+        click.echo(energy.render_findings(power))
+    click.echo(f"\nUsage ledger\n  {ledger['summary']}")
 
 
 def diagnose(machine: Machine) -> list[str]:

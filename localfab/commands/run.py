@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from localfab.errors import UsageError
 from localfab.units import KV_CACHE_TYPES, usage
+
+if TYPE_CHECKING:
+    from localfab.chat.session import ChatEvent, Reply
+    from localfab.energy import Energy
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
@@ -85,6 +90,11 @@ def read_prompt(words: tuple[str, ...]) -> str:
 @click.option(
     "--verbose", "-v", is_flag=True, help="Timings (TTFT, prompt and decode tok/s) on stderr."
 )
+@click.option(
+    "--no-ledger",
+    is_flag=True,
+    help="Do not record this reply in the usage ledger (see localfab stats).",
+)
 def run(
     model: str,
     prompt: tuple[str, ...],
@@ -107,16 +117,17 @@ def run(
     raw: bool,
     as_json: bool,
     verbose: bool,
+    no_ledger: bool,
 ) -> None:
     """Answer PROMPT with MODEL (a .gguf path or a registered name), streaming to stdout.
 
     Piped standard input is added after PROMPT: cat notes.md | localfab run MODEL "Summarize:".
     Ctrl-C stops the answer, keeps what was printed and exits with 130.
     """
-    from localfab.chat.session import ChatSession, Continued, Reply, Shifted
+    from localfab.chat.session import ChatSession
     from localfab.config import Config, default_paths
-    from localfab.engine import EngineSettings, SamplingParams
-    from localfab.runtime import load_model, plan_for, resolve_model, wishes_from_options
+    from localfab.engine import SamplingParams
+    from localfab.runtime import choose_model, wishes_from_options
 
     setup_logging(verbose)
     if max_tokens is not None and (max_tokens == 0 or max_tokens < -1):
@@ -133,12 +144,11 @@ def run(
 
     paths = default_paths()
     config = Config.load(paths)
-    path = resolve_model(model, paths)
-
     # The planner picks the context, GPU layers, KV types and threads for this machine;
     # explicit options override it, and the plan says what they cost.
-    chosen, machine = plan_for(
-        path,
+    choice = choose_model(
+        model,
+        paths,
         wishes_from_options(
             config,
             ctx_size=ctx_size,
@@ -148,16 +158,16 @@ def run(
             flash_attn=flash_attn,
             threads=threads,
         ),
+        require_fit=False,  # -v shows the plan first, even one that does not fit
     )
+    chosen, path = choice.plan, choice.path
     if verbose:
         from localfab.commands.planning import render_plan
 
-        click.echo(render_plan(chosen, machine), err=True)
-    if not chosen.fits:
-        chosen.require_fit()
-    settings = EngineSettings(**chosen.settings_kwargs())
+        click.echo(render_plan(chosen, choice.machine), err=True)
+    chosen.require_fit()
 
-    loaded = load_model(path, settings)
+    loaded = choice.open()
     engine = loaded.engine
     for notice in loaded.notices:
         click.echo(f"localfab: note: {notice}", err=True)
@@ -190,6 +200,72 @@ def run(
     else:
         tokens = loaded.prompts.tokens(session.window() + [{"role": "user", "content": text}])
         events = session.send(text, max_tokens=max_tokens, sampling=sampling, stop=stop)
+    from localfab.energy import Energy, EnergyMeter
+    from localfab.ledger import Ledger, LedgerWriter, ReplyRecorder, ledger_enabled, ledger_path
+
+    ledger = None
+    if not no_ledger and ledger_enabled(config):
+        ledger = Ledger(ledger_path(paths.data_dir))
+    # The row is written by a background thread while the reply's end is printed.
+    writer = LedgerWriter(ledger) if ledger is not None else None
+    recorder = ReplyRecorder(
+        writer,
+        frontend="run",
+        model=model,
+        plan=chosen,
+        meter=EnergyMeter.for_this_machine(),
+        model_path=path,
+    )
+    reply = _stream(
+        recorder.wrap(events, prompt_tokens=len(tokens)), as_json=as_json, verbose=verbose
+    )
+    energy = recorder.energy or Energy(None, "", "not measured")
+    out = sys.stdout
+    last = reply.pieces[-1]
+    if as_json:
+        result = {
+            "model": model,
+            "text": reply.text,
+            "finish_reason": reply.finish_reason,
+            "stop_type": reply.stop_type,
+            "stopping_word": last.stopping_word,
+            "continues": reply.continues,
+            "usage": usage(len(tokens), reply.completion_tokens),
+            "timings": reply.timings.to_dict()
+            | {
+                "energy_j": energy.joules,
+                "tokens_per_j": energy.tokens_per_joule(reply.completion_tokens),
+                "energy_source": energy.source or None,
+            },
+        }
+        out.write(json.dumps(result, ensure_ascii=False) + "\n")
+    else:
+        out.write("\n")
+    out.flush()
+    if verbose:
+        t = reply.timings
+        steps = sum(max(0, p.timings.predicted_n - 1) for p in reply.pieces)
+        decode_ms = sum(p.timings.predicted_ms for p in reply.pieces)
+        decode = steps / decode_ms * 1e3 if decode_ms > 0 else 0.0
+        click.echo(
+            f"localfab: {t.prompt_n} prompt tokens ({t.cache_n} cached), TTFT {t.ttft_ms:.0f} ms, "
+            f"prompt {t.prompt_per_second:.1f} tok/s, decode {decode:.1f} tok/s; "
+            f"{reply.completion_tokens} tokens, {reply.continues} continuation(s), "
+            f"stop: {reply.stop_type}",
+            err=True,
+        )
+        click.echo(f"localfab: {describe_energy(energy, reply.completion_tokens)}", err=True)
+    if writer is not None and ledger is not None:
+        writer.close()
+        if recorder.row is not None and ledger.last_error and verbose:
+            click.echo(f"localfab: note: not recorded in the ledger: {ledger.last_error}", err=True)
+    loaded.close()
+
+
+def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: bool) -> Reply:
+    """Print the reply as it streams (unless JSON is asked for); return the finished reply."""
+    from localfab.chat.session import Continued, Reply, Shifted
+
     out = sys.stdout
     reply: Reply | None = None
     for event in events:
@@ -208,32 +284,13 @@ def run(
             out.write(event.text)
             out.flush()
     assert reply is not None
-    last = reply.pieces[-1]
-    if as_json:
-        result = {
-            "model": model,
-            "text": reply.text,
-            "finish_reason": reply.finish_reason,
-            "stop_type": reply.stop_type,
-            "stopping_word": last.stopping_word,
-            "continues": reply.continues,
-            "usage": usage(len(tokens), reply.completion_tokens),
-            "timings": reply.timings.to_dict(),
-        }
-        out.write(json.dumps(result, ensure_ascii=False) + "\n")
-    else:
-        out.write("\n")
-    out.flush()
-    if verbose:
-        t = reply.timings
-        steps = sum(max(0, p.timings.predicted_n - 1) for p in reply.pieces)
-        decode_ms = sum(p.timings.predicted_ms for p in reply.pieces)
-        decode = steps / decode_ms * 1e3 if decode_ms > 0 else 0.0
-        click.echo(
-            f"localfab: {t.prompt_n} prompt tokens ({t.cache_n} cached), TTFT {t.ttft_ms:.0f} ms, "
-            f"prompt {t.prompt_per_second:.1f} tok/s, decode {decode:.1f} tok/s; "
-            f"{reply.completion_tokens} tokens, {reply.continues} continuation(s), "
-            f"stop: {reply.stop_type}",
-            err=True,
-        )
-    loaded.close()
+    return reply
+
+
+def describe_energy(energy: Energy, tokens: int) -> str:
+    """The energy line of -v: joules and tokens per joule, or why they are missing."""
+    if energy.joules is None:
+        return f"energy not measured: {energy.note}"
+    per_j = energy.tokens_per_joule(tokens)
+    rate = f", {per_j:.2f} tok/J" if per_j is not None else ""
+    return f"energy {energy.joules:.2f} J ({energy.source}){rate}"
