@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -33,7 +34,7 @@ def _wait_ready(url: str, headers: dict[str, str] | None = None) -> None:
 
 
 @pytest.fixture(scope="module")
-def loaded(model_path: Path) -> Iterator[object]:
+def loaded(model_path: Path) -> Iterator[Any]:
     from localfab.engine import EngineSettings
     from localfab.runtime import load_model
 
@@ -43,8 +44,12 @@ def loaded(model_path: Path) -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def url(loaded: object) -> Iterator[str]:
-    settings = ServerSettings(alias="gemma-test", metrics=True, max_body_bytes=1024 * 1024)
+def url(loaded: Any) -> Iterator[str]:
+    # --context-shift: the long-chat tests below leave whole turns out (without it, a chat that
+    # does not fit is a 400: tests/test_server_surface.py).
+    settings = ServerSettings(
+        alias="gemma-test", metrics=True, max_body_bytes=1024 * 1024, context_shift=True
+    )
     server = BackgroundServer(create_app(loaded, settings)).start()
     _wait_ready(server.url)
     yield server.url
@@ -58,7 +63,7 @@ def http(url: str) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture()
-def oai(url: str) -> openai.OpenAI:
+def oai(url: str) -> Any:
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
@@ -86,7 +91,7 @@ TIMING_KEYS = [
 # --- openai client -------------------------------------------------------------------------
 
 
-def test_openai_chat_completion(oai: openai.OpenAI):
+def test_openai_chat_completion(oai: Any) -> None:
     res = oai.chat.completions.create(
         model="gemma-test",
         messages=[{"role": "user", "content": "Say hello"}],
@@ -103,7 +108,7 @@ def test_openai_chat_completion(oai: openai.OpenAI):
     assert list(res.model_extra["timings"]) == TIMING_KEYS
 
 
-def test_openai_chat_stream_framing(oai: openai.OpenAI):
+def test_openai_chat_stream_framing(oai: Any) -> None:
     stream = oai.chat.completions.create(
         model="x",
         messages=[{"role": "user", "content": "Count: one, two,"}],
@@ -124,7 +129,7 @@ def test_openai_chat_stream_framing(oai: openai.OpenAI):
     assert len({c.id for c in chunks}) == 1
 
 
-def test_openai_chat_stream_without_usage(http: httpx.Client):
+def test_openai_chat_stream_without_usage(http: httpx.Client) -> None:
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True}
     r = http.post("/chat/completions", json=body)
     assert r.headers["content-type"].startswith("text/event-stream")
@@ -136,7 +141,7 @@ def test_openai_chat_stream_without_usage(http: httpx.Client):
     assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": None}
 
 
-def test_openai_completions(oai: openai.OpenAI):
+def test_openai_completions(oai: Any) -> None:
     res = oai.completions.create(model="x", prompt="The sky is", max_tokens=4, temperature=0)
     assert res.object == "text_completion"
     assert res.choices[0].finish_reason == "length"
@@ -151,19 +156,19 @@ def test_openai_completions(oai: openai.OpenAI):
     assert streamed[-1].choices[0].finish_reason == "length"
 
 
-def test_openai_models(oai: openai.OpenAI):
+def test_openai_models(oai: Any) -> None:
     models = oai.models.list()
     assert [m.id for m in models.data] == ["gemma-test"]
     assert models.data[0].owned_by == "llamacpp"
 
 
-def test_openai_error_is_400_with_body(oai: openai.OpenAI):
+def test_openai_error_is_400_with_body(oai: Any) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(
             model="x", messages=[{"role": "user", "content": "x " * 4000}], max_tokens=2
         )
     assert err.value.status_code == 400
-    body = err.value.body
+    body: Any = err.value.body
     assert body["type"] == "exceed_context_size_error"
     assert body["n_ctx"] == 2048 and body["n_prompt_tokens"] > 2048
 
@@ -171,7 +176,7 @@ def test_openai_error_is_400_with_body(oai: openai.OpenAI):
 # --- native endpoints ---------------------------------------------------------------------
 
 
-def test_native_completion_shape_and_prefix_reuse(http: httpx.Client):
+def test_native_completion_shape_and_prefix_reuse(http: httpx.Client) -> None:
     body = {"prompt": "Once upon a time, in a land far away,", "n_predict": 4, "temperature": 0}
     first = http.post("/completion", json=body).json()
     assert first["stop"] is True and first["stop_type"] == "limit"
@@ -184,7 +189,7 @@ def test_native_completion_shape_and_prefix_reuse(http: httpx.Client):
     assert second["timings"]["cache_n"] == first["tokens_evaluated"] - 1
 
 
-def test_native_completion_stream_no_done(http: httpx.Client):
+def test_native_completion_stream_no_done(http: httpx.Client) -> None:
     body = {"prompt": "Hello", "n_predict": 3, "stream": True, "temperature": 0}
     events = [json.loads(e) for e in sse_events(http.post("/completion", json=body).text)]
     assert all(e["stop"] is False for e in events[:-1])
@@ -203,7 +208,7 @@ def test_native_completion_stream_no_done(http: httpx.Client):
     assert list(final["timings"]) == TIMING_KEYS
 
 
-def test_stop_word_and_token_prompt(http: httpx.Client):
+def test_stop_word_and_token_prompt(http: httpx.Client) -> None:
     tokens = http.post("/tokenize", json={"content": "1, 2, 3, 4,", "add_special": True}).json()
     res = http.post(
         "/completion",
@@ -213,7 +218,7 @@ def test_stop_word_and_token_prompt(http: httpx.Client):
     assert "," not in res["content"]
 
 
-def test_prefill_continues_assistant_text(http: httpx.Client):
+def test_prefill_continues_assistant_text(http: httpx.Client) -> None:
     messages = [
         {"role": "user", "content": "List three colours."},
         {"role": "assistant", "content": "Red, green and"},
@@ -227,7 +232,7 @@ def test_prefill_continues_assistant_text(http: httpx.Client):
     assert res.status_code == 200
 
 
-def test_json_response_format_is_json(http: httpx.Client):
+def test_json_response_format_is_json(http: httpx.Client) -> None:
     body = {
         "messages": [{"role": "user", "content": "Give me a JSON object"}],
         "max_tokens": 40,
@@ -252,7 +257,7 @@ def test_json_response_format_is_json(http: httpx.Client):
         assert content.lstrip().startswith("{")
 
 
-def test_tokenize_detokenize_roundtrip(http: httpx.Client):
+def test_tokenize_detokenize_roundtrip(http: httpx.Client) -> None:
     toks = http.post("/tokenize", json={"content": "héllo 世界", "with_pieces": True}).json()
     ids = [t["id"] for t in toks["tokens"]]
     assert all(isinstance(t["piece"], str | list) for t in toks["tokens"])
@@ -261,7 +266,7 @@ def test_tokenize_detokenize_roundtrip(http: httpx.Client):
     assert bad.status_code == 400
 
 
-def test_props_slots_metrics(http: httpx.Client):
+def test_props_slots_metrics(http: httpx.Client) -> None:
     props = http.get("/props").json()
     assert props["total_slots"] == 1 and props["default_generation_settings"]["n_ctx"] == 2048
     assert props["model_alias"] == "gemma-test"
@@ -273,7 +278,7 @@ def test_props_slots_metrics(http: httpx.Client):
     assert "# TYPE llamacpp:tokens_predicted_total counter" in metrics.text
 
 
-def test_health_models_and_cors(http: httpx.Client):
+def test_health_models_and_cors(http: httpx.Client) -> None:
     assert http.get("/v1/health").json() == {"status": "ok"}
     r = http.get("/models", headers={"Origin": "http://localhost:3000"})
     assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
@@ -299,7 +304,7 @@ def err(r: httpx.Response, code: int, type_: str) -> str:
     assert r.status_code == code, r.text
     body = r.json()["error"]
     assert body["code"] == code and body["type"] == type_
-    return body["message"]
+    return str(body["message"])
 
 
 @pytest.mark.parametrize(
@@ -323,11 +328,13 @@ def err(r: httpx.Response, code: int, type_: str) -> str:
         ),
     ],
 )
-def test_bad_requests_are_400(http: httpx.Client, path: str, body: dict, needle: str):
+def test_bad_requests_are_400(
+    http: httpx.Client, path: str, body: dict[str, Any], needle: str
+) -> None:
     assert needle in err(http.post(path, json=body), 400, "invalid_request_error")
 
 
-def test_malformed_and_huge_bodies(http: httpx.Client):
+def test_malformed_and_huge_bodies(http: httpx.Client) -> None:
     err(http.post("/completion", content=b"{not json"), 400, "invalid_request_error")
     err(http.post("/completion", content=b"[1, 2]"), 400, "invalid_request_error")
     err(http.post("/completion", content=b'{"prompt": NaN}'), 400, "invalid_request_error")
@@ -337,7 +344,7 @@ def test_malformed_and_huge_bodies(http: httpx.Client):
     assert http.get("/health").json() == {"status": "ok"}
 
 
-def test_not_found_and_not_supported(http: httpx.Client):
+def test_not_found_and_not_supported(http: httpx.Client) -> None:
     msg = err(http.get("/nope"), 404, "not_found_error")
     assert msg == "File Not Found"
     err(http.get("/completion"), 404, "not_found_error")
@@ -347,8 +354,8 @@ def test_not_found_and_not_supported(http: httpx.Client):
 # --- queue, cancel -------------------------------------------------------------------------
 
 
-def test_concurrent_requests_all_answered(url: str):
-    results: dict[int, dict] = {}
+def test_concurrent_requests_all_answered(url: str) -> None:
+    results: dict[int, dict[str, Any]] = {}
 
     def one(i: int) -> None:
         body = {"prompt": f"Request number {i}:", "n_predict": 3, "temperature": 0}
@@ -369,19 +376,19 @@ def test_concurrent_requests_all_answered(url: str):
     assert alone["content"] == results[4]["content"]
 
 
-def wait_slot_idle(http: httpx.Client, id_task: int, timeout: float = 300) -> dict:
+def wait_slot_idle(http: httpx.Client, id_task: int, timeout: float = 300) -> dict[str, Any]:
     """/slots' slot 0 once the job `id_task` is no longer processing (a deadline, not a sleep)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         slot = http.get("/slots").json()[0]
         assert slot["id_task"] == id_task, slot  # nothing else runs during the test
         if not slot["is_processing"]:
-            return slot
+            return dict(slot)
         time.sleep(0.05)
     raise AssertionError(f"job {id_task} still generating after {timeout} s")
 
 
-def test_disconnect_stops_generation(url: str, http: httpx.Client):
+def test_disconnect_stops_generation(url: str, http: httpx.Client) -> None:
     n_predict = 1500
     host, port = url.removeprefix("http://").split(":")
     # ignore_eos: left alone, the reply would run to exactly n_predict tokens.
@@ -410,7 +417,7 @@ def test_disconnect_stops_generation(url: str, http: httpx.Client):
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 1
 
 
-def test_slow_client_times_out(loaded: object):
+def test_slow_client_times_out(loaded: Any) -> None:
     settings = ServerSettings(read_timeout=0.5)
     server = BackgroundServer(create_app(loaded, settings)).start()
     try:
@@ -431,7 +438,7 @@ def test_slow_client_times_out(loaded: object):
 # --- API key, loading ------------------------------------------------------------------------
 
 
-def test_api_key_rules(loaded: object):
+def test_api_key_rules(loaded: Any) -> None:
     settings = ServerSettings(api_keys=("other", KEY))
     server = BackgroundServer(create_app(loaded, settings)).start()
     try:
@@ -455,10 +462,10 @@ def test_api_key_rules(loaded: object):
         server.stop()
 
 
-def test_health_503_while_loading(loaded: object):
+def test_health_503_while_loading(loaded: Any) -> None:
     gate = threading.Event()
 
-    def slow_loader() -> object:
+    def slow_loader() -> Any:
         gate.wait(30)
         return loaded
 
@@ -476,7 +483,7 @@ def test_health_503_while_loading(loaded: object):
 
 
 @pytest.mark.slow  # hundreds of tokens past a full window
-def test_context_shift_keeps_generating(loaded: object):
+def test_context_shift_keeps_generating(loaded: Any) -> None:
     """With --context-shift a reply that fills the window goes on; without, it stops there."""
     prompt = "word " * 1990
     body = {"prompt": prompt, "n_predict": 80, "temperature": 0, "ignore_eos": True}
@@ -518,7 +525,7 @@ def test_penalties_and_logit_bias_change_the_output(http: httpx.Client) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 
 
-def _check_entries(entries: list[dict], n_top: int) -> None:
+def _check_entries(entries: list[dict[str, Any]], n_top: int) -> None:
     """llama-server's per-token probability entries: greedy picks the top token."""
     for e in entries:
         assert set(e) == {"id", "token", "bytes", "logprob", "top_logprobs"}
@@ -531,7 +538,7 @@ def _check_entries(entries: list[dict], n_top: int) -> None:
         assert bytes(e["bytes"]).decode("utf-8", errors="ignore").startswith(e["token"][:1])
 
 
-def test_native_n_probs(http: httpx.Client):
+def test_native_n_probs(http: httpx.Client) -> None:
     body = {"prompt": "The capital of France is", "n_predict": 4, "temperature": 0, "n_probs": 3}
     res = http.post("/completion", json=body).json()
     entries = res["completion_probabilities"]
@@ -551,14 +558,14 @@ def test_native_n_probs(http: httpx.Client):
     assert "completion_probabilities" not in plain
 
 
-def test_n_probs_leave_out_the_stop_string(http: httpx.Client):
+def test_n_probs_leave_out_the_stop_string(http: httpx.Client) -> None:
     body = {"prompt": "1, 2, 3, 4,", "n_predict": 12, "temperature": 0, "n_probs": 2}
     res = http.post("/completion", json={**body, "stop": [","]}).json()
     assert res["stop_type"] == "word"
     assert len(res["completion_probabilities"]) == res["tokens_predicted"] - 1
 
 
-def test_openai_logprobs(oai: openai.OpenAI):
+def test_openai_logprobs(oai: Any) -> None:
     messages = [{"role": "user", "content": "Name a colour."}]
     res = oai.chat.completions.create(
         model="x", messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
@@ -602,9 +609,9 @@ def test_openai_logprobs(oai: openai.OpenAI):
 
 
 @pytest.mark.slow  # hundreds of tokens past a full window
-def test_long_chat_leaves_out_whole_old_turns(loaded, http: httpx.Client):
+def test_long_chat_leaves_out_whole_old_turns(loaded: Any, http: httpx.Client) -> None:
     """A chat longer than the window keeps the system prompt and the last turns, and says so."""
-    engine = loaded.engine  # type: ignore[attr-defined]
+    engine = loaded.engine
     system = "You are the assistant of a lighthouse keeper."
     filler = "The lamp was cleaned, the lens polished and the log written up again. " * 4
     messages = [{"role": "system", "content": system}]
@@ -647,8 +654,8 @@ def test_long_chat_leaves_out_whole_old_turns(loaded, http: httpx.Client):
 
 
 @pytest.mark.slow  # hundreds of tokens past a full window
-def test_chat_reply_that_fills_the_window_goes_on(loaded, http: httpx.Client):
-    engine = loaded.engine  # type: ignore[attr-defined]
+def test_chat_reply_that_fills_the_window_goes_on(loaded: Any, http: httpx.Client) -> None:
+    engine = loaded.engine
     filler = "The keeper trimmed the wick and wound the clockwork of the lamp. " * 4
     messages: list[dict[str, str]] = [{"role": "system", "content": "Be thorough."}]
     for i in range(12):

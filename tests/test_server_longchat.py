@@ -25,9 +25,9 @@ def _chat(n_messages: int) -> list[dict[str, str]]:
 
 
 @pytest.mark.model
-def test_thousands_of_messages_do_not_freeze_the_server(model_path: Path):
+def test_thousands_of_messages_do_not_freeze_the_server(model_path: Path) -> None:
     with (
-        serve(model_path, "-c", "2048", "-t", "2") as server,
+        serve(model_path, "-c", "2048", "-t", "2", "--context-shift") as server,
         httpx.Client(base_url=server.url, timeout=120) as http,
     ):
         warm = {"messages": _chat(3), "max_tokens": 4, "temperature": 0}

@@ -10,7 +10,6 @@ import ipaddress
 import logging
 import os
 import socket
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -20,6 +19,8 @@ from localfab.units import KV_CACHE_TYPES
 
 if TYPE_CHECKING:
     from localfab.config import Config
+    from localfab.plan import Wishes
+    from localfab.runtime import ModelChoice
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 FA_CHOICES = click.Choice(["auto", "on", "off"])
@@ -109,6 +110,13 @@ def is_loopback(host: str) -> bool:
     help="Browser origins, besides localhost ones, that may use the server: comma-separated, "
     "* as wildcard (https://*.example.com), * alone for any. Default: LOCALFAB_ORIGINS.",
 )
+@click.option(
+    "--no-ledger",
+    "no_ledger",
+    is_flag=True,
+    help="Do not record replies in the usage ledger (see localfab stats). Request text is "
+    "never recorded either way.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Log llama.cpp and request details.")
 def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
     """Serve MODEL over HTTP with llama-server's API (OpenAI-compatible and native endpoints).
@@ -134,12 +142,10 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
     options["allowed_origins"] = allowed_origins(options["allowed_origins"])
 
     from localfab.config import Config, default_paths
-    from localfab.modelfile import check_model_file
-    from localfab.runtime import resolve_model
+    from localfab.runtime import choose_model
 
-    config = Config.load(default_paths())
-    path = resolve_model(name, default_paths())
-    check_model_file(path)
+    paths = default_paths()
+    config = Config.load(paths)
     host = options["host"]
     if not options["api_keys"] and not is_loopback(host):
         click.echo(
@@ -147,8 +153,12 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
             "this machine can use the model; add --api-key KEY",
             err=True,
         )
-    settings_engine = _engine_settings(path, options, config)
-    _serve(name, path, settings_engine, options, config)
+    # The planner's choice, with the user's flags as wishes (the same path as `run`).
+    choice = choose_model(name, paths, _wishes(options, config), require_fit=False)
+    for warning in choice.plan.warnings:
+        click.echo(f"localfab: warning: {warning}", err=True)
+    choice.plan.require_fit()
+    _serve(name, choice, options, config)
 
 
 def api_keys(given: tuple[str, ...], key_file: str | None) -> tuple[str, ...]:
@@ -191,12 +201,11 @@ def sampling_defaults(options: dict[str, Any], config: Config) -> dict[str, Any]
     }
 
 
-def _engine_settings(path: Path, options: dict[str, Any], config: Config) -> Any:
-    """EngineSettings from the planner, with the user's flags as wishes."""
-    from localfab.engine import EngineSettings
-    from localfab.runtime import plan_for, wishes_from_options
+def _wishes(options: dict[str, Any], config: Config) -> Wishes:
+    """The planner's wishes from the user's flags, config.toml as the defaults."""
+    from localfab.runtime import wishes_from_options
 
-    wishes = wishes_from_options(
+    return wishes_from_options(
         config,
         **{
             key: options[key]
@@ -212,17 +221,19 @@ def _engine_settings(path: Path, options: dict[str, Any], config: Config) -> Any
             )
         },
     )
-    result, _ = plan_for(path, wishes)
-    for warning in result.warnings:
-        click.echo(f"localfab: warning: {warning}", err=True)
-    result.require_fit()
-    return EngineSettings(**result.settings_kwargs())
 
 
-def _serve(
-    name: str, path: Path, engine_settings: Any, options: dict[str, Any], config: Config
-) -> None:
-    from localfab.runtime import load_model
+def _ledger(options: dict[str, Any], config: Config) -> Any:
+    """The usage ledger's writer, unless --no-ledger, `ledger = false` or LOCALFAB_LEDGER=off."""
+    from localfab.config import default_paths
+    from localfab.ledger import Ledger, LedgerWriter, ledger_enabled, ledger_path
+
+    if options["no_ledger"] or not ledger_enabled(config):
+        return None
+    return LedgerWriter(Ledger(ledger_path(default_paths().data_dir)))
+
+
+def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Config) -> None:
     from localfab.server import ServerSettings, create_app
     from localfab.server.runner import connection_cap, make_foreground_server
 
@@ -241,11 +252,14 @@ def _serve(
         max_connections=options["max_connections"],
         check_host=is_loopback(options["host"]),
         allowed_origins=options["allowed_origins"],
+        verbose=options["verbose"],
         **sampling_defaults(options, config),
     )
 
+    path = choice.path
+
     def loader() -> Any:
-        loaded = load_model(path, engine_settings)
+        loaded = choice.open()
         for notice in loaded.notices:
             click.echo(f"localfab: note: {notice}", err=True)
         click.echo(
@@ -261,7 +275,7 @@ def _serve(
             f"{settings.max_connections}: the open-file limit is low; raise it with ulimit -n",
             err=True,
         )
-    app = create_app(loader, settings)
+    app = create_app(loader, settings, ledger=_ledger(options, config))
     server = make_foreground_server(
         app,
         host=options["host"],

@@ -7,8 +7,9 @@ soft limits are clamped. These helpers do the same so clients see the same answe
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,39 +133,74 @@ class Generation:
     return_tokens: bool = False
     n_keep: int = 0
     n_probs: int = 0  # > 0: report each token's logprob and the n_probs most likely tokens
+    n_cmpl: int = 1  # results per prompt (`n`)
+    return_progress: bool = False  # streams carry prompt-processing progress
+    timings_per_token: bool = False  # every chunk carries the timings so far
+    post_sampling_probs: bool = False
+    t_max_predict_ms: int = -1
+    response_fields: tuple[str, ...] = ()  # native answers: only these (nested) fields
+    verbose: bool | None = None  # None: as the server was started (--verbose)
     settings_json: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
-def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
-    """llama-server's logit_bias: {"token_id": bias} (OpenAI) or [[token_id, bias|false], ...].
+LogitBiasKey = int | str  # a token id, or text whose tokens all get the bias
 
-    A bias of false bans the token (-inf). Token ids are checked against the vocabulary later.
+
+def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[LogitBiasKey, float], ...]:
+    """llama-server's logit_bias forms: {"token_id" or "text": bias} (OpenAI) or
+    [[token_id or "text", bias], ...]; a bias of false bans (-inf).
+
+    Text is tokenized later (`resolve_logit_bias`), token ids checked against the vocabulary.
     """
     raw = body.get("logit_bias")
     if raw is None:
         return ()
     pairs: list[tuple[Any, Any]]
     if isinstance(raw, dict):
-        pairs = list(raw.items())
+        pairs = [(_bias_key(k), v) for k, v in raw.items()]
     elif isinstance(raw, list):
         if not all(isinstance(p, list) and len(p) == 2 for p in raw):
-            raise ApiError("Field 'logit_bias': each entry must be [token_id, bias]")
+            raise ApiError(
+                "Field 'logit_bias': each entry must be [token_id, bias] or [\"text\", bias]"
+            )
         pairs = [(p[0], p[1]) for p in raw]
     else:
         raise ApiError("Field 'logit_bias' must be an object or an array")
-    out: list[tuple[int, float]] = []
-    for token, bias in pairs:
-        try:
-            tok = int(token)
-        except (TypeError, ValueError):
-            raise ApiError(f"Field 'logit_bias': invalid token id {token!r}") from None
+    out: list[tuple[LogitBiasKey, float]] = []
+    for key, bias in pairs:
+        if isinstance(key, bool) or not isinstance(key, int | str):
+            raise ApiError(
+                f"Field 'logit_bias': {json.dumps(key)} is neither a token id nor a string"
+            )
         if bias is False:
             value = -math.inf
         elif isinstance(bias, int | float) and not isinstance(bias, bool) and math.isfinite(bias):
             value = float(bias)
         else:
-            raise ApiError(f"Field 'logit_bias': invalid bias {bias!r} for token {tok}")
-        out.append((tok, value))
+            raise ApiError(f"Field 'logit_bias': invalid bias {json.dumps(bias)} for {key!r}")
+        out.append((key, value))
+    return tuple(out)
+
+
+def _bias_key(key: str) -> LogitBiasKey:
+    """An object key: a token id when it is all digits (as strtol reads it), else text."""
+    try:
+        return int(key, 10)
+    except ValueError:
+        return key
+
+
+def resolve_logit_bias(
+    pairs: Sequence[tuple[LogitBiasKey, float]], tokenize: Callable[[str], list[int]]
+) -> tuple[tuple[int, float], ...]:
+    """Token ids as given; each string's tokens (no BOS, no special-token parsing) each get its
+    bias, as llama-server does."""
+    out: list[tuple[int, float]] = []
+    for key, bias in pairs:
+        if isinstance(key, str):
+            out += [(tok, bias) for tok in tokenize(key)]
+        else:
+            out.append((key, bias))
     return tuple(out)
 
 
@@ -197,8 +233,16 @@ def _grammar(body: Mapping[str, Any]) -> str | None:
     return grammar or None
 
 
-def parse_generation(body: Mapping[str, Any], settings: ServerSettings) -> Generation:
-    """The fields every completion endpoint shares (after chat fields were mapped onto them)."""
+def parse_generation(
+    body: Mapping[str, Any],
+    settings: ServerSettings,
+    *,
+    tokenize: Callable[[str], list[int]] | None = None,
+) -> Generation:
+    """The fields every completion endpoint shares (after chat fields were mapped onto them).
+
+    `tokenize` turns the text keys of `logit_bias` into tokens (without it they are refused).
+    """
     n_predict = number(
         body,
         "n_predict",
@@ -210,7 +254,8 @@ def parse_generation(body: Mapping[str, Any], settings: ServerSettings) -> Gener
     )
     if settings.n_predict > 0 and (n_predict < 0 or n_predict > settings.n_predict):
         n_predict = settings.n_predict
-    number(body, "n", "n_cmpl", default=1, integer=True, hard=(1, 1))
+    # llama-server's limit: one result per slot.
+    n_cmpl = number(body, "n_cmpl", "n", default=1, integer=True, hard=(1, settings.n_parallel))
     seed = number(body, "seed", default=settings.seed, integer=True)
     sampling = SamplingParams(
         temperature=number(body, "temperature", default=settings.temperature, soft=(0, math.inf)),
@@ -231,14 +276,13 @@ def parse_generation(body: Mapping[str, Any], settings: ServerSettings) -> Gener
         seed=-1 if seed == -1 else seed & 0xFFFFFFFF,
         grammar=_grammar(body),
         ignore_eos=boolean(body, "ignore_eos", False),
-        logit_bias=_logit_bias(body),
+        logit_bias=_bias_tokens(_logit_bias(body), tokenize),
     )
-    # llama-server has no upper bound; past a few hundred alternatives a token's entry is
-    # megabytes of JSON, so more than N_PROBS_MAX are not given.
-    n_probs = number(body, "n_probs", "logprobs", default=0, integer=True, soft=(0, N_PROBS_MAX))
+    # llama-server has no bound; a negative count is meaningless and past a few hundred
+    # alternatives a token's entry is megabytes of JSON: both are refused.
+    n_probs = number(body, "n_probs", "logprobs", default=0, integer=True, hard=(0, N_PROBS_MAX))
     # Accepted for compatibility and validated for type, but not acted on.
     number(body, "n_indent", default=0, integer=True, hard=(0, INT32_MAX))
-    number(body, "t_max_predict_ms", default=-1, integer=True, hard=(-1, INT64_MAX))
     n_keep = number(body, "n_keep", default=0, integer=True, hard=(-1, INT32_MAX))
     stream_options = body.get("stream_options")
     include_usage = (
@@ -256,9 +300,36 @@ def parse_generation(body: Mapping[str, Any], settings: ServerSettings) -> Gener
         return_tokens=boolean(body, "return_tokens", False),
         n_keep=n_keep,
         n_probs=n_probs,
+        n_cmpl=n_cmpl,
+        return_progress=boolean(body, "return_progress", False),
+        timings_per_token=boolean(body, "timings_per_token", False),
+        post_sampling_probs=boolean(body, "post_sampling_probs", False),
+        t_max_predict_ms=number(
+            body, "t_max_predict_ms", default=-1, integer=True, hard=(-1, INT64_MAX)
+        ),
+        response_fields=_response_fields(body),
+        verbose=body.get("verbose") if isinstance(body.get("verbose"), bool) else None,
     )
     object.__setattr__(gen, "settings_json", generation_settings(gen))
     return gen
+
+
+def _bias_tokens(
+    pairs: tuple[tuple[LogitBiasKey, float], ...], tokenize: Callable[[str], list[int]] | None
+) -> tuple[tuple[int, float], ...]:
+    def no_tokenizer(text: str) -> list[int]:
+        raise ApiError("Field 'logit_bias': text keys need the model's tokenizer")
+
+    return resolve_logit_bias(pairs, tokenize or no_tokenizer)
+
+
+def _response_fields(body: Mapping[str, Any]) -> tuple[str, ...]:
+    value = body.get("response_fields")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _type_error("response_fields", "array of strings", value)
+    return tuple(value)
 
 
 def generation_settings(gen: Generation, *, only_metrics: bool = False) -> dict[str, Any]:
@@ -299,8 +370,8 @@ def generation_settings(gen: Generation, *, only_metrics: bool = False) -> dict[
         "min_keep": 0,
         "grammar": s.grammar or "",
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
-        "timings_per_token": False,
-        "post_sampling_probs": False,
+        "timings_per_token": gen.timings_per_token,
+        "post_sampling_probs": gen.post_sampling_probs,
         "lora": [],
     }
     if only_metrics:

@@ -21,7 +21,7 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()  # --api-key (repeatable); empty: no authentication
     metrics: bool = False  # --metrics: enable /metrics
     slots: bool = True  # --no-slots turns /slots off
-    n_parallel: int = 1  # -np: accepted; requests are decoded one at a time, the rest queue
+    n_parallel: int = 1  # -np: slots; also the most results (`n`) one request may ask for
     n_predict: int = -1  # -n: default and upper bound of tokens per request (-1: none)
     # Default sampling for requests that do not set it: --temp etc., else config.toml/LOCALFAB_*.
     temperature: float = _SAMPLING.temperature  # --temp
@@ -37,6 +37,7 @@ class ServerSettings:
     max_connections: int = 256  # --max-connections: more open connections get 503
     check_host: bool = True  # a loopback bind answers only loopback Host names
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins: besides loopback ones; "*": any
+    verbose: bool = False  # --verbose: answers carry llama-server's `__verbose` field
     build_info: str = f"localfab-{__version__}"
 
     @property

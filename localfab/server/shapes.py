@@ -79,6 +79,7 @@ class Reply:
     fingerprint: str
     n_prompt: int
     created: int = 0
+    index: int = 0  # which result of the request (several prompts, or n > 1)
     # Whole oldest turns a chat left out to fit the window: {"turns": n, "tokens": n}.
     context_shift: dict[str, int] | None = None
 
@@ -93,7 +94,7 @@ def native_partial(
     reply: Reply, text: str, token: int, n_decoded: int, probs: TokenProbs | None = None
 ) -> dict[str, Any]:
     res: dict[str, Any] = {
-        "index": 0,
+        "index": reply.index,
         "content": text,
         "tokens": [token] if token >= 0 else [],
         "stop": False,
@@ -117,7 +118,7 @@ def native_final(
     probs: Sequence[tuple[int, TokenProbs]] = (),
 ) -> dict[str, Any]:
     res = {
-        "index": 0,
+        "index": reply.index,
         "content": "" if stream else done.text,
         "tokens": list(done.tokens) if return_tokens and not stream else [],
         "id_slot": 0,
@@ -161,7 +162,8 @@ def cmpl_partial(
     reply: Reply, text: str, probs: Sequence[tuple[int, TokenProbs]] = ()
 ) -> dict[str, Any]:
     return _cmpl_envelope(
-        reply, {"text": text, "index": 0, "logprobs": _logprobs(probs), "finish_reason": None}
+        reply,
+        {"text": text, "index": reply.index, "logprobs": _logprobs(probs), "finish_reason": None},
     )
 
 
@@ -170,7 +172,7 @@ def cmpl_final(
 ) -> dict[str, Any]:
     choice = {
         "text": "" if stream else done.text,
-        "index": 0,
+        "index": reply.index,
         "logprobs": None if stream else _logprobs(probs),
         "finish_reason": finish_reason(done),
     }
@@ -192,7 +194,7 @@ def chat_final(
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {
         "finish_reason": finish_reason(done),
-        "index": 0,
+        "index": reply.index,
         "message": {"role": "assistant", "content": done.text},
     }
     if probs:
@@ -216,7 +218,7 @@ def chat_chunk(
     finish: str | None = None,
     probs: Sequence[tuple[int, TokenProbs]] = (),
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {"finish_reason": finish, "index": 0, "delta": delta}
+    choice: dict[str, Any] = {"finish_reason": finish, "index": reply.index, "delta": delta}
     if probs:
         choice["logprobs"] = _logprobs(probs)
     return {

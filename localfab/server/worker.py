@@ -2,24 +2,28 @@
 
 The engine is not thread-safe and decodes one sequence at a time, so every generation (and every
 call that touches the engine's shared buffers) goes through this thread's FIFO queue. The asyncio
-side submits a job with an `emit` callback and awaits what it emits; a job's `cancel` Event stops
-its generation at the next token (a client that went away frees the engine at once).
+side submits a job with an `emit` callback and awaits what it emits: `Progress` while the prompt
+is processed (if asked), a `Step` per token, then `Done` (or an `ApiError`). A job's `cancel`
+Event stops its generation at the next token (a client that went away frees the engine at once).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from localfab.energy import Energy, EnergyMeter, Measurement
 from localfab.engine.types import Done, SamplingParams, Timings, TokenEvent
 from localfab.errors import ContextOverflow, LocalfabError, UsageError
+from localfab.ledger import LedgerWriter, TokenClock, record_generation
 from localfab.server.chat_window import ChatWindow
 from localfab.server.errors import ApiError
 
@@ -28,7 +32,34 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("localfab.server")
 
-Emit = Callable[[TokenEvent | Done | ApiError], None]
+
+@dataclass(frozen=True)
+class Progress:
+    """How far prompt processing is (llama-server's `prompt_progress`)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "total": self.total,
+            "cache": self.cache,
+            "processed": self.processed,
+            "time_ms": self.time_ms,
+        }
+
+
+@dataclass(frozen=True)
+class Step:
+    """One generated token; `timings` so far when the job asked for them per token."""
+
+    event: TokenEvent
+    timings: Timings | None = None
+
+
+Emit = Callable[[Progress | Step | Done | ApiError], None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +79,10 @@ class Job:
     # fills the window.
     window: ChatWindow | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    return_progress: bool = False  # emit Progress while the prompt is processed
+    timings_per_token: bool = False  # each Step carries the timings so far
+    # > 0: stop once this many ms passed since the first token and a newline was generated.
+    t_max_predict_ms: int = -1
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -62,26 +97,35 @@ class Metrics:
     tokens_predicted_total: int = 0
     tokens_predicted_seconds_total: float = 0.0
     n_decode_total: int = 0
+    n_busy_slots_total: int = 0  # busy slots summed over llama_decode() calls
     n_tokens_max: int = 0
-    # Since the last scrape (llama-server's "bucket" gauges).
+    # Since the last scrape (llama-server's "bucket" gauges). Generation rates count decode
+    # steps: the first token of a reply comes with the prompt's last batch, so it is left out.
     bucket_prompt_n: int = 0
     bucket_prompt_s: float = 0.0
-    bucket_predicted_n: int = 0
+    bucket_predicted_steps: int = 0
     bucket_predicted_s: float = 0.0
 
     def record(self, done: Done, n_batch: int) -> None:
         t = done.timings
+        steps = max(t.predicted_n - 1, 0)
+        n_decode = -(-t.prompt_n // max(n_batch, 1)) + steps
         self.prompt_tokens_total += t.prompt_n
         self.prompt_tokens_cached_total += t.cache_n
         self.prompt_seconds_total += t.prompt_ms / 1e3
         self.tokens_predicted_total += t.predicted_n
         self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
-        self.n_decode_total += -(-t.prompt_n // max(n_batch, 1)) + max(t.predicted_n - 1, 0)
+        self.n_decode_total += n_decode
+        self.n_busy_slots_total += n_decode  # one sequence decodes at a time
         self.n_tokens_max = max(self.n_tokens_max, done.prompt_tokens + t.predicted_n)
         self.bucket_prompt_n += t.prompt_n
         self.bucket_prompt_s += t.prompt_ms / 1e3
-        self.bucket_predicted_n += t.predicted_n
+        self.bucket_predicted_steps += steps
         self.bucket_predicted_s += t.predicted_ms / 1e3
+
+    def reset_bucket(self) -> None:
+        self.bucket_prompt_n = self.bucket_predicted_steps = 0
+        self.bucket_prompt_s = self.bucket_predicted_s = 0.0
 
 
 @dataclass
@@ -108,10 +152,19 @@ class EngineWorker:
     """Owns the LoadedModel; `ready` is set once it is loaded (or `load_error` once it failed)."""
 
     def __init__(
-        self, source: LoadedModel | Callable[[], LoadedModel], *, context_shift: bool = False
+        self,
+        source: LoadedModel | Callable[[], LoadedModel],
+        *,
+        context_shift: bool = False,
+        ledger: LedgerWriter | None = None,
     ) -> None:
         self._source = source
         self.context_shift = context_shift
+        # Each reply's figures go to the usage ledger (`localfab stats`), with the energy it
+        # took where the machine reports power; None: nothing is measured or recorded.
+        self.ledger = ledger
+        self._meter: EnergyMeter | None = None
+        self._recorded: tuple[TokenClock | None, Energy] | None = None  # the last reply's
         self.model: LoadedModel | None = None
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
@@ -221,37 +274,8 @@ class EngineWorker:
         self.slot = slot
         if not job.cache_prompt:
             engine.clear_cache()
-        done: Done | None = None
         try:
-            if not job.tokens:
-                # llama-server answers an empty prompt with an empty result.
-                done = Done("", "length", "none", (), Timings(), 0)
-            elif job.n_predict == 0:
-                done = self._evaluate_only(job)
-            else:
-                if job.window is not None and job.window.left_out["turns"] and engine.can_shift:
-                    # Turns were left out: move the kept ones' KV cells rather than process them.
-                    engine.shift_to(job.tokens)
-                parts: list[str] = []
-                for event in engine.stream(
-                    job.tokens,
-                    max_tokens=job.n_predict,
-                    sampling=job.sampling,
-                    stop=job.stop,
-                    cancel=job.cancel,
-                    on_context_full=self._shifter(job),
-                    n_probs=job.n_probs,
-                ):
-                    if isinstance(event, Done):
-                        done = event
-                        break
-                    slot.n_decoded += 1
-                    if event.text:
-                        parts.append(event.text)
-                        if "\n" in event.text:
-                            slot.has_new_line = True
-                    job.emit(event)
-                slot.generated = "".join(parts)
+            done = self._generate(job, slot)
         except ContextOverflow as exc:
             job.emit(ApiError.exceed_context(exc.n_prompt_tokens, exc.n_ctx))
             return
@@ -270,6 +294,63 @@ class EngineWorker:
         slot.n_prompt_tokens_cache = done.timings.cache_n
         self.metrics.record(done, engine.n_batch)
         job.emit(done)
+        if self.ledger is not None and self._recorded is not None:
+            clock, energy = self._recorded
+            record_generation(
+                self.ledger,
+                frontend="serve",
+                model=str(self.model.path),
+                plan=engine.settings,
+                timings=done.timings,
+                prompt_tokens=len(job.tokens),
+                generated_tokens=done.completion_tokens,
+                clock=clock,
+                energy=energy,
+                model_path=self.model.path,
+            )
+
+    def _generate(self, job: Job, slot: SlotView) -> Done | None:
+        assert self.model is not None
+        engine = self.model.engine
+        if not job.tokens:
+            # llama-server answers an empty prompt with an empty result.
+            return Done("", "length", "none", (), Timings(), 0)
+        if job.n_predict == 0:
+            return self._evaluate_only(job)
+        if job.window is not None and job.window.left_out["turns"] and engine.can_shift:
+            # Turns were left out: move the kept ones' KV cells rather than process them.
+            engine.shift_to(job.tokens)
+        run = _Run(job, engine.cached_tokens, clock=TokenClock() if self.ledger else None)
+        self._recorded = None
+        measurement = self._measurement()
+        with measurement or contextlib.nullcontext():
+            run.prefill(engine.evaluate, engine.n_batch)
+            done: Done | None = None
+            for event in engine.stream(
+                job.tokens,
+                max_tokens=job.n_predict,
+                sampling=job.sampling,
+                stop=job.stop,
+                cancel=job.cancel,
+                on_context_full=self._shifter(job),
+                n_probs=job.n_probs,
+            ):
+                if isinstance(event, Done):
+                    done = event
+                    break
+                run.on_token(event, slot)
+        slot.generated = "".join(run.parts)
+        if measurement is not None:
+            self._recorded = (run.clock, measurement.energy)
+        return None if done is None else run.finish(done)
+
+    def _measurement(self) -> Measurement | None:
+        """An energy measurement for the next reply, when replies are recorded."""
+        if self.ledger is None:
+            return None
+        if self._meter is None:
+            self._meter = EnergyMeter.for_this_machine()
+        return self._meter.measure()
 
     def _evaluate_only(self, job: Job) -> Done:
         """n_predict 0: put the prompt in the cache, generate nothing (llama-server's meaning)."""
@@ -286,10 +367,11 @@ class EngineWorker:
     def _shifter(self, job: Job) -> Callable[[list[int]], list[int] | None] | None:
         """How a reply that fills the window goes on; None: it stops there.
 
+        Only with --context-shift (without it the reply stops there, as llama-server's does).
         A chat leaves out its oldest turns (ChatWindow). Otherwise, or when no whole turn is
-        left to give, with --context-shift this is llama-server's shift: keep BOS + n_keep and
-        drop half of what follows (n_discard). Either way the engine moves the kept KV cells
-        instead of re-processing them.
+        left to give, this is llama-server's shift: keep BOS + n_keep and drop half of what
+        follows (n_discard). Either way the engine moves the kept KV cells instead of
+        re-processing them.
         """
         window = job.window
 
@@ -305,13 +387,107 @@ class EngineWorker:
         def shift(generated: list[int]) -> list[int] | None:
             if window is not None:
                 target = window.on_context_full(generated)
-                if target is not None or not self.context_shift:
+                if target is not None:
                     return target
                 return halve(window.tokens, generated)
             return halve(job.tokens, generated)
 
-        return shift if window is not None or self.context_shift else None
+        return shift if self.context_shift else None
 
 
 def _cancelled(n_prompt: int) -> Done:
     return Done("", "cancelled", "cancel", (), Timings(), n_prompt)
+
+
+def shared_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many prompt tokens the engine will take from its cache (it keeps the last one of a
+    wholly cached prompt out, to have logits to sample from)."""
+    n = min(len(cached), len(tokens))
+    lcp = 0
+    while lcp < n and cached[lcp] == tokens[lcp]:
+        lcp += 1
+    return lcp - 1 if lcp == len(tokens) and lcp > 0 else lcp
+
+
+class _Run:
+    """One generation's bookkeeping on the engine thread: progress, live timings, time limit."""
+
+    def __init__(self, job: Job, cached: Sequence[int], *, clock: TokenClock | None = None) -> None:
+        self.job = job
+        self.clock = clock  # token arrival times, for the usage ledger
+        self.t_start = time.perf_counter()
+        self.cache = shared_prefix(cached, job.tokens) if job.cache_prompt else 0
+        self.prefill_ms = 0.0  # prompt batches evaluated before the engine's stream
+        self.t_first = 0.0
+        self.n_decoded = 0
+        self.has_new_line = False
+        self.timed_out = False
+        self.parts: list[str] = []
+
+    def _progress(self, processed: int) -> None:
+        ms = int((time.perf_counter() - self.t_start) * 1e3)
+        self.job.emit(Progress(len(self.job.tokens), self.cache, processed, ms))
+
+    def prefill(self, evaluate: Callable[[Sequence[int]], int], n_batch: int) -> None:
+        """With return_progress: a progress event at the start and after every prompt batch
+        but the last (which the engine's stream evaluates, then samples)."""
+        job = self.job
+        if not job.return_progress:
+            return
+        self._progress(self.cache)
+        done = self.cache
+        while len(job.tokens) - done > n_batch and not job.cancel.is_set():
+            done += n_batch
+            evaluate(job.tokens[:done])
+            self._progress(done)
+        self.prefill_ms = (time.perf_counter() - self.t_start) * 1e3
+
+    def on_token(self, event: TokenEvent, slot: SlotView) -> None:
+        job = self.job
+        now = time.perf_counter()
+        if self.clock is not None:
+            self.clock.tick(now)
+        if not self.t_first:
+            self.t_first = now
+            if job.return_progress:
+                self._progress(len(job.tokens))
+        self.n_decoded += 1
+        slot.n_decoded = self.n_decoded
+        if event.text:
+            self.parts.append(event.text)
+            if "\n" in event.text:
+                self.has_new_line = slot.has_new_line = True
+        job.emit(Step(event, self.timings(now) if job.timings_per_token else None))
+        limit = job.t_max_predict_ms
+        if limit > 0 and self.has_new_line and (now - self.t_first) * 1e3 > limit:
+            self.timed_out = True
+            job.cancel.set()  # the engine stops after this token
+
+    def timings(self, now: float) -> Timings:
+        """The timings so far, defined as the final ones."""
+        return Timings(
+            cache_n=self.cache,
+            prompt_n=len(self.job.tokens) - self.cache,
+            prompt_ms=(self.t_first - self.t_start) * 1e3,
+            predicted_n=self.n_decoded,
+            predicted_ms=(now - self.t_first) * 1e3,
+            ttft_ms=(self.t_first - self.t_start) * 1e3,
+        )
+
+    def finish(self, done: Done) -> Done:
+        if self.timed_out and done.stop_type == "cancel":
+            # llama-server ends a reply over t_max_predict_ms as a limit stop.
+            done = replace(done, finish_reason="length", stop_type="limit")
+        if self.prefill_ms and done.timings.cache_n != self.cache:
+            t = done.timings
+            done = replace(
+                done,
+                timings=replace(
+                    t,
+                    cache_n=self.cache,
+                    prompt_n=len(self.job.tokens) - self.cache,
+                    prompt_ms=t.prompt_ms + self.prefill_ms,
+                    ttft_ms=t.ttft_ms + self.prefill_ms,
+                ),
+            )
+        return done

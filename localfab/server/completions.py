@@ -1,0 +1,248 @@
+"""Handlers that generate: native `/completion`, OpenAI `/v1/completions` and
+`/v1/chat/completions`, and `/apply-template`, which shares the chat's message handling.
+
+Prompts take llama-server's forms (its tokenize_input_prompts): a string, token ids, strings and
+ids mixed, `{"prompt_string": ...}`, or a list of those for several results in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from localfab.chat.session import REPLY_RESERVE_FRACTION
+from localfab.errors import UsageError
+from localfab.server.chat_window import ChatWindow
+from localfab.server.dialects import Chat, Completions, Dialect
+from localfab.server.errors import ApiError
+from localfab.server.generation import MAX_RESULTS, Prompt, respond
+from localfab.server.params import Generation, parse_generation
+from localfab.server.plumbing import json_response, read_json
+from localfab.templates import validate_messages
+
+if TYPE_CHECKING:
+    from localfab.engine import Engine
+    from localfab.server.app import Server
+
+log = logging.getLogger("localfab.server")
+
+PROMPT_TYPES = (
+    '"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt '
+    "string, or a list of mixed strings & tokens."
+)
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def split_prompts(prompt: Any) -> list[Any]:
+    """llama-server's reading of `prompt`: an array holding no token id is several prompts;
+    anything else is one."""
+    if isinstance(prompt, list) and not any(_is_token(p) for p in prompt):
+        if len(prompt) > MAX_RESULTS:
+            raise ApiError(
+                f"the request holds {len(prompt)} prompts; at most {MAX_RESULTS} are served "
+                "per request: split it into several requests"
+            )
+        return prompt
+    return [prompt]
+
+
+def tokenize_prompt(engine: Engine, prompt: Any) -> list[int]:
+    """One prompt's tokens: token ids as given, strings with BOS (if first) and special tokens.
+
+    CPU work that grows with the prompt: call it from a thread."""
+    if isinstance(prompt, dict) and "prompt_string" in prompt:
+        prompt = prompt["prompt_string"]
+    if isinstance(prompt, str):
+        return engine.tokenize(prompt, add_special=True, parse_special=True)
+    if not isinstance(prompt, list):
+        raise ApiError(PROMPT_TYPES)
+    if not all(_is_token(p) or isinstance(p, str) for p in prompt):
+        raise ApiError(PROMPT_TYPES)
+    if prompt and not any(_is_token(p) for p in prompt):
+        raise ApiError(PROMPT_TYPES)  # strings only, inside a list of prompts
+    tokens: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, str):
+            tokens += engine.tokenize(part, add_special=i == 0, parse_special=True)
+        else:
+            tokens.append(part)
+    return tokens
+
+
+def check_tokens(tokens: Sequence[Any], n_vocab: int) -> None:
+    """Token ids given by a client must be in the vocabulary."""
+    for tok in tokens:
+        if not _is_token(tok) or not 0 <= tok < n_vocab:
+            raise ApiError(
+                f"token id {tok!r} is out of the vocabulary (0..{n_vocab - 1})"
+                if _is_token(tok)
+                else "'tokens' must be an array of token ids"
+            )
+
+
+def _bias_tokenizer(engine: Engine) -> Callable[[str], list[int]]:
+    return lambda text: engine.tokenize(text, add_special=False, parse_special=False)
+
+
+async def _completion(server: Server, request: Request, dialect_type: type[Dialect]) -> Response:
+    body = await read_json(request, server.settings)
+    engine = server.model.engine
+
+    def prepare() -> tuple[Generation, list[Prompt]]:
+        # Off the event loop: a JSON schema becomes a grammar, prompts become tokens.
+        gen = parse_generation(body, server.settings, tokenize=_bias_tokenizer(engine))
+        if "prompt" not in body:
+            raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
+        parts = split_prompts(body["prompt"])
+        return gen, [Prompt(tokenize_prompt(engine, p)) for p in parts]
+
+    gen, prompts = await asyncio.to_thread(prepare)
+    dialect = dialect_type(gen, server.prompt_text, verbose=server.verbose(gen))
+    return await respond(server, request, prompts, gen, dialect)
+
+
+async def completion(server: Server, request: Request) -> Response:
+    return await _completion(server, request, Dialect)
+
+
+async def completions_oai(server: Server, request: Request) -> Response:
+    return await _completion(server, request, Completions)
+
+
+async def chat_completions(server: Server, request: Request) -> Response:
+    body = await read_json(request, server.settings)
+    engine = server.model.engine
+    n_ctx = engine.n_ctx
+    shift = server.settings.context_shift
+
+    def prepare() -> tuple[Generation, ChatWindow]:
+        # Templates, tokenizing and fitting are CPU work that grows with the conversation:
+        # done in a thread, so the event loop keeps answering (/health, other streams).
+        # Tokenizing only reads the vocabulary, which the engine thread never changes.
+        fields = chat_to_completion_fields(body)
+        gen = parse_generation(fields, server.settings, tokenize=_bias_tokenizer(engine))
+        messages, _, prompt = chat_messages(server, fields)
+        window = ChatWindow(messages, prompt, n_ctx)
+        if shift:  # without --context-shift a chat that does not fit is a 400, as llama-server
+            reserve = n_ctx // REPLY_RESERVE_FRACTION
+            window.fit(n_ctx - (min(reserve, gen.n_predict) if gen.n_predict > 0 else reserve))
+        return gen, window
+
+    gen, window = await asyncio.to_thread(prepare)
+    if window.left_out["turns"]:
+        log.info(
+            "context full: %d oldest turn(s) (%d tokens) left the window",
+            window.left_out["turns"],
+            window.left_out["tokens"],
+        )
+    dialect = Chat(gen, server.prompt_text, verbose=server.verbose(gen))
+    return await respond(server, request, [Prompt(window.tokens, window)], gen, dialect)
+
+
+async def apply_template(server: Server, request: Request) -> Response:
+    body = await read_json(request, server.settings)
+
+    def apply() -> str:
+        messages, render, _ = chat_messages(server, body)
+        return render(messages)
+
+    return json_response({"prompt": await asyncio.to_thread(apply)})
+
+
+Messages = list[dict[str, Any]]
+Window = Sequence[Mapping[str, Any]]
+
+
+def chat_messages(
+    server: Server, body: Mapping[str, Any]
+) -> tuple[Messages, Callable[[Window], str], Callable[[Window], list[int]]]:
+    """The request's validated `messages`, and how to render (part of) them with the chat
+    template, as text and as prompt tokens; a final assistant message is continued.
+
+    The prompt tokens hold the template's control tokens, and each message's content as
+    plain text: a message cannot forge a turn by spelling out `<|im_start|>system`. CPU
+    work: call from a thread, not the event loop."""
+    if "messages" not in body:
+        raise ApiError("'messages' is required")
+    if not isinstance(body["messages"], list):
+        raise ApiError("Expected 'messages' to be an array")
+    try:
+        messages: Messages = list(validate_messages(body["messages"]))
+    except UsageError as exc:
+        raise ApiError(str(exc)) from exc
+    add_generation_prompt = body.get("add_generation_prompt", True)
+    if not isinstance(add_generation_prompt, bool):
+        raise ApiError("Field 'add_generation_prompt' must be a boolean")
+    prompts = server.model.prompts
+    if [m["role"] for m in messages[-2:]] == ["assistant", "assistant"]:
+        raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
+
+    def render(window: Window) -> str:
+        final = window[-1]["role"] == "assistant"
+        try:
+            return prompts.text(
+                window, continue_final=final, add_generation_prompt=add_generation_prompt
+            )
+        except UsageError as exc:
+            raise ApiError(str(exc)) from exc
+
+    def prompt(window: Window) -> list[int]:
+        final = window[-1]["role"] == "assistant"
+        try:
+            return prompts.tokens(
+                window, continue_final=final, add_generation_prompt=add_generation_prompt
+            )
+        except UsageError as exc:
+            raise ApiError(str(exc)) from exc
+
+    return messages, render, prompt
+
+
+def chat_to_completion_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI chat fields -> llama-server's completion fields (its oaicompat_chat_params_parse)."""
+    body = dict(body)
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools:
+        raise ApiError("tools param requires --jinja flag", "server_error")
+    if body.get("tool_choice") not in (None, "auto"):
+        raise ApiError("tool_choice param requires --jinja flag", "server_error")
+    if body.get("json_schema") is not None and body.get("grammar"):
+        raise ApiError("Cannot use both json_schema and grammar")
+    if "response_format" in body:
+        _response_format(body)
+    if body.get("logprobs") is True:
+        top = body.get("top_logprobs")
+        body["n_probs"] = 20 if top is None else top  # llama-server's default
+    elif body.get("top_logprobs") is not None:
+        raise ApiError("top_logprobs requires logprobs to be set to true")
+    return body
+
+
+def _response_format(body: dict[str, Any]) -> None:
+    fmt = body["response_format"]
+    if fmt is not None and not isinstance(fmt, dict):
+        raise ApiError("Field 'response_format' must be an object")
+    fmt = fmt or {}
+    kind = fmt.get("type") or ""
+    if not isinstance(kind, str):
+        raise ApiError("Field 'response_format.type' must be a string")
+    if kind == "json_object":
+        if "schema" in fmt or not body.get("json_schema"):
+            body["json_schema"] = fmt.get("schema") or {}
+    elif kind == "json_schema":
+        wrapper = fmt.get("json_schema") or {}
+        if not isinstance(wrapper, dict):
+            raise ApiError("Field 'response_format.json_schema' must be an object")
+        body["json_schema"] = wrapper.get("schema") or {}
+    elif kind and kind != "text":
+        raise ApiError(
+            'response_format type must be one of "text" or "json_object", but got: ' + kind
+        )

@@ -1,0 +1,129 @@
+"""The gate in front of every route: Host, CORS, OPTIONS, loading state and the API key.
+
+It does what llama-server's pre-routing handler does, in its order, after two checks of its own.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import TYPE_CHECKING
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localfab.server.edge import OriginRule, host_allowed
+from localfab.server.errors import ApiError
+from localfab.server.plumbing import JSON_TYPE, send_simple
+
+if TYPE_CHECKING:
+    from localfab.server.app import Server
+
+log = logging.getLogger("localfab.server")
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+
+
+class KeyCheck:
+    """The API keys, compared in constant time against what a request sends."""
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        # Undecodable bytes from argv or the environment come back as they were given.
+        self._keys = [k.encode("utf-8", "surrogateescape") for k in keys]
+
+    def __call__(self, headers: Headers) -> bool:
+        given = headers.get("authorization", "")
+        if not given:
+            given = headers.get("x-api-key", "")
+        if given.startswith("Bearer "):
+            given = given[len("Bearer ") :]
+        raw = given.encode("latin-1")  # the header's bytes as sent (Headers decoded latin-1)
+        ok = False
+        for key in self._keys:  # compare against every key: time does not reveal which matched
+            ok |= hmac.compare_digest(raw, key)
+        return ok
+
+
+class Gate:
+    """Pure ASGI middleware doing what llama-server's pre-routing handler does, in its order,
+    after two checks of its own: the Host name on a loopback bind, and the browser origin.
+
+    llama-server echoes any Origin; here only loopback origins, the server's own origin and
+    those named in `settings.allowed_origins` get CORS headers, and a request from any other
+    origin is refused with 403, so a web page cannot read answers or start generations.
+    """
+
+    def __init__(self, app: ASGIApp, server: Server) -> None:
+        self.app = app
+        self.server = server
+        self.origins = OriginRule(server.settings.allowed_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        if self.server.settings.check_host and not host_allowed(host):
+            log.warning("refused a request for host %r", host)
+            err = ApiError(
+                f"Host {host!r} is not a loopback name: this server listens on a loopback "
+                "address and answers only requests for localhost, 127.0.0.1 or [::1] "
+                "(a guard against DNS rebinding); use one of those in the URL, or listen on "
+                "another address with --host (and set --api-key)",
+                "permission_error",
+            )
+            await send_simple(send, err.code, err.body(), JSON_TYPE, [])
+            return
+        origin = headers.get("origin")
+        cors: list[tuple[bytes, bytes]] = []
+        if origin is not None:
+            if not self.origins.allows(origin, host):
+                log.warning("refused a request from origin %r", origin)
+                err = ApiError(
+                    f"origin {origin!r} may not use this server: start it with "
+                    f"--allowed-origins {origin} (or set LOCALFAB_ORIGINS), or '*' for any "
+                    "origin",
+                    "permission_error",
+                )
+                await send_simple(send, err.code, err.body(), JSON_TYPE, [(b"vary", b"Origin")])
+                return
+            cors += [
+                (b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"vary", b"Origin"),
+            ]
+        if scope["method"] == "OPTIONS":
+            if origin is not None:
+                cors.append((b"access-control-allow-credentials", b"true"))
+            cors += [
+                (b"access-control-allow-methods", CORS_METHODS.encode()),
+                (b"access-control-allow-headers", b"*"),
+            ]
+            await send_simple(send, 200, b"", "text/html", cors)
+            return
+        if not self.server.worker.ready.is_set() or self.server.info is None:
+            err = ApiError("Loading model", "unavailable_error")
+            await send_simple(send, err.code, err.body(), JSON_TYPE, cors)
+            return
+        if (
+            self.server.settings.api_keys
+            and scope["path"] not in PUBLIC_PATHS
+            and not self.server.key_ok(headers)
+        ):
+            log.warning("unauthorized: Invalid API Key")
+            err = ApiError("Invalid API Key", "authentication_error")
+            await send_simple(send, err.code, err.body(), JSON_TYPE, cors)
+            return
+
+        if not cors:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = list(message.get("headers", [])) + cors
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
