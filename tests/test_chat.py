@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localfab.chat.history import History
+from localfab.chat.history import SCHEMA_VERSION, History
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.session import ChatSession, Continued, Reply, Shifted
 from localfab.engine import Engine, EngineSettings, SamplingParams, TokenEvent
@@ -214,7 +214,7 @@ def test_killed_process_leaves_message_and_partial_reply(model_path: Path, tmp_p
     assert [m.role for m in messages] == ["user", "assistant"]
     assert messages[0].content == "Write a long story about a lighthouse."
     assert len(messages[1].content) > 10 and messages[1].status == "interrupted"
-    assert history.schema_version == 2
+    assert history.schema_version == SCHEMA_VERSION
 
 
 def test_resume_rebuilds_the_window(small_engine, tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from localfab.chat.history import History
+from localfab.chat.history import SCHEMA_VERSION, History
 
 
 def seqs(db: Path, session_id: int) -> list[int]:
@@ -128,7 +128,7 @@ def test_processes_creating_the_database_at_once_all_succeed(tmp_path: Path) -> 
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
     history = History(db)
-    assert history.schema_version == 2 and len(history.sessions()) == 4
+    assert history.schema_version == SCHEMA_VERSION and len(history.sessions()) == 4
     history.close()
 
 

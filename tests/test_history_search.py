@@ -14,6 +14,7 @@ from localfab.chat.history import (
     HIT_END,
     HIT_START,
     SCHEMA_1,
+    SCHEMA_VERSION,
     History,
     export_json,
     export_markdown,
@@ -39,7 +40,7 @@ def history(tmp_path: Path) -> History:
 
 
 def test_new_database_has_full_text_index(history: History) -> None:
-    assert history.schema_version == 2
+    assert history.schema_version == SCHEMA_VERSION
     assert history.full_text and history.search_notice is None
 
 
@@ -90,7 +91,7 @@ def test_version_1_database_is_migrated_and_indexed(tmp_path: Path) -> None:
     db.commit()
     db.close()
     history = History(path)
-    assert history.schema_version == 2
+    assert history.schema_version == SCHEMA_VERSION
     (hit,) = history.search("albatross")
     assert hit.session_id == 1 and hit.title == "old chat"
     history.close()
@@ -99,7 +100,7 @@ def test_version_1_database_is_migrated_and_indexed(tmp_path: Path) -> None:
 def test_like_fallback_without_fts5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(history_module, "has_fts5", lambda db: False)
     history = History(tmp_path / "h.sqlite3")
-    assert history.schema_version == 2 and not history.full_text
+    assert history.schema_version == SCHEMA_VERSION and not history.full_text
     assert "FTS5" in (history.search_notice or "")
     sid = chat(history, ("100% of the_cat", "a cat nap"))
     (hit,) = history.search("the_cat")

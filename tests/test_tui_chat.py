@@ -246,10 +246,10 @@ async def test_a_model_that_fails_to_load_shows_why_and_the_app_stays_usable(his
 async def test_a_load_can_be_cancelled(history):
     app, _ = build_app(history, steps=500, step_delay=0.01)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.chat.loading)
+        await wait_for(pilot, lambda: app.chat.model_loading)
         assert app.chat.query_one("#load-panel").display
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not app.chat.loading)
+        await wait_for(pilot, lambda: not app.chat.model_loading)
         assert not app.chat.loaded
         assert not isinstance(app.screen, ErrorDialog)
         assert not app.chat.query_one("#load-panel").display
@@ -362,7 +362,7 @@ async def test_the_load_bar_shows_the_weights_fraction_and_cancel_stops_them(his
         assert bar.total == 100 and bar.progress < 60  # a real fraction, not a spinner
         await pilot.press("ctrl+l")
         gate.set()
-        await wait_for(pilot, lambda: not app.chat.loading)
+        await wait_for(pilot, lambda: not app.chat.model_loading)
         assert not app.chat.loaded
         assert len(seen) < 400  # the weights stopped mid-way
         assert not isinstance(app.screen, ErrorDialog)

@@ -14,6 +14,12 @@ Unix, LockFileEx on Windows), in a folder beside the database.
 The schema is versioned with SQLite's `user_version`; each migration runs once, in order.
 Version 2 adds full-text search: an FTS5 index over the messages, kept in step by triggers.
 Where SQLite lacks FTS5 the index is not built and `search` falls back to a LIKE scan.
+Version 3 adds versions (branches): each message points at the message before it (`parent_id`),
+so an edited prompt or a regenerated reply is a sibling of the message it replaces (same
+parent) and nothing is ever overwritten. A session's current path runs from the root to its
+`leaf_id`; `messages` returns that path. Switching to another version (`switch_to`) moves the
+leaf to the newest-chosen path below it, so a branch comes back as it was left. Databases of
+version 2 upgrade in place: each message's parent is the one before it, the leaf the last one.
 
 Sessions also leave as Markdown or JSON (`export_markdown`, `export_json`), and that JSON comes
 back as a new session (`import_json`).
@@ -22,7 +28,6 @@ back as a new session (`import_json`).
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import threading
 import time
@@ -98,10 +103,39 @@ def _add_full_text(db: sqlite3.Connection) -> None:
     db.execute(f"INSERT INTO {FTS_TABLE}({FTS_TABLE}) VALUES ('rebuild')")
 
 
+def _add_versions(db: sqlite3.Connection) -> None:
+    """Schema 3: messages form a tree (parent_id), a session has a current leaf.
+
+    Existing sessions become one path each: every message's parent is the message before it
+    (by seq), and the last message is the leaf. `chosen` orders siblings when the path below a
+    message is picked again (the newest chosen wins).
+    """
+    db.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER")
+    db.execute("ALTER TABLE messages ADD COLUMN chosen REAL")
+    db.execute("ALTER TABLE sessions ADD COLUMN leaf_id INTEGER")
+    db.execute(
+        "UPDATE messages SET chosen=created, parent_id=(SELECT p.id FROM messages p "
+        "WHERE p.session_id=messages.session_id AND p.seq<messages.seq ORDER BY p.seq DESC LIMIT 1)"
+    )
+    db.execute(
+        "UPDATE sessions SET leaf_id=(SELECT m.id FROM messages m WHERE m.session_id=sessions.id "
+        "ORDER BY m.seq DESC LIMIT 1)"
+    )
+    db.execute("CREATE INDEX messages_parent ON messages(parent_id, session_id, seq)")
+    # A row written without versions in mind (by an older localfab sharing the database, or a
+    # plain INSERT) has no `chosen`: it goes after the session's current path, as it would have.
+    db.execute(
+        "CREATE TRIGGER messages_link AFTER INSERT ON messages WHEN new.chosen IS NULL BEGIN "
+        "UPDATE messages SET chosen=new.created, "
+        "parent_id=(SELECT leaf_id FROM sessions WHERE id=new.session_id) WHERE id=new.id; "
+        "UPDATE sessions SET leaf_id=new.id WHERE id=new.session_id; END"
+    )
+
+
 # Each entry moves the schema from version i to i + 1: statements separated by ";", or a
 # function of the connection for a migration whose statements hold ";" themselves (triggers).
 Migration = str | Callable[[sqlite3.Connection], None]
-MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, _add_full_text)
+MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, _add_full_text, _add_versions)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # Around each hit in a search snippet (control characters, never in chat text shown as such).
@@ -123,6 +157,32 @@ class StoredMessage:
     content: str
     status: str
     continues: int
+    parent_id: int | None = None
+    version: int = 1  # this message's place among its siblings (versions), from 1
+    versions: int = 1  # how many versions its place in the conversation has
+
+
+# A message's columns as StoredMessage holds them (`m` is the messages table), with its version
+# number and count from its siblings (the same parent in the same session).
+_STORED_COLUMNS = (
+    "m.id, m.role, m.content, m.status, m.continues, m.parent_id, "
+    "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
+    "AND s.session_id=m.session_id AND s.seq<=m.seq), "
+    "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
+    "AND s.session_id=m.session_id)"
+)
+# The current path of session ?: (id, depth) from its leaf (depth 0) up to the root.
+_PATH = (
+    "WITH RECURSIVE path(id, depth) AS ("
+    "SELECT leaf_id, 0 FROM sessions WHERE id=? AND leaf_id IS NOT NULL "
+    "UNION ALL SELECT p.parent_id, path.depth + 1 FROM messages p JOIN path ON p.id=path.id "
+    "WHERE p.parent_id IS NOT NULL) "
+)
+# Message ? and every message above it.
+_ANCESTORS = (
+    "WITH RECURSIVE up(id) AS (SELECT ? UNION ALL "
+    "SELECT p.parent_id FROM messages p JOIN up ON p.id=up.id WHERE p.parent_id IS NOT NULL) "
+)
 
 
 @dataclass(frozen=True)
@@ -310,20 +370,80 @@ class History:
         return [StoredSession(*r) for r in rows]
 
     def messages(self, session_id: int) -> list[StoredMessage]:
+        """The session's current path, first message first (one version of each place)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, role, content, status, continues FROM messages "
-                "WHERE session_id=? ORDER BY seq",
+                f"{_PATH}SELECT {_STORED_COLUMNS} FROM path JOIN messages m ON m.id=path.id "
+                "ORDER BY path.depth DESC",
                 (session_id,),
             ).fetchall()
         return [StoredMessage(*r) for r in rows]
 
+    def all_messages(self, session_id: int) -> list[StoredMessage]:
+        """Every message of the session, every version, in the order they were written."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_STORED_COLUMNS} FROM messages m WHERE m.session_id=? ORDER BY m.seq",
+                (session_id,),
+            ).fetchall()
+        return [StoredMessage(*r) for r in rows]
+
+    def siblings(self, message_id: int) -> list[StoredMessage]:
+        """The versions of a message's place (itself included), oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_STORED_COLUMNS} FROM messages m JOIN messages o "
+                "ON o.id=? AND m.session_id=o.session_id AND m.parent_id IS o.parent_id "
+                "ORDER BY m.seq",
+                (message_id,),
+            ).fetchall()
+        if not rows:
+            raise UsageError(f"there is no chat message {message_id}")
+        return [StoredMessage(*r) for r in rows]
+
+    def switch_to(self, message_id: int) -> int:
+        """Make the session's current path go through `message_id`; returns its session id.
+
+        Below the message, the path follows the versions chosen last, so a branch left earlier
+        comes back as it was.
+        """
+        with self._write() as db:
+            row = db.execute("SELECT session_id FROM messages WHERE id=?", (message_id,)).fetchone()
+            if row is None:
+                raise UsageError(f"there is no chat message {message_id}: reopen the chat")
+            session_id = int(row[0])
+            now = time.time()
+            db.execute(
+                f"UPDATE messages SET chosen=? WHERE id IN ({_ANCESTORS}SELECT id FROM up)",
+                (now, message_id),
+            )
+            leaf = message_id
+            while child := db.execute(
+                "SELECT id FROM messages WHERE parent_id=? AND session_id=? "
+                "ORDER BY chosen DESC, seq DESC LIMIT 1",
+                (leaf, session_id),
+            ).fetchone():
+                leaf = int(child[0])
+            db.execute(
+                "UPDATE sessions SET leaf_id=?, updated=? WHERE id=?", (leaf, now, session_id)
+            )
+        return session_id
+
     # --- messages ------------------------------------------------------------------------------
 
     def add_message(
-        self, session_id: int, role: str, content: str, *, status: str = "complete"
+        self,
+        session_id: int,
+        role: str,
+        content: str,
+        *,
+        status: str = "complete",
+        sibling_of: int | None = None,
     ) -> int:
-        """Append a message to a session; returns its id.
+        """Append a message to the session's current path; returns its id.
+
+        With `sibling_of`, the message is a new version of that message instead (the same
+        parent), and the current path moves to it; the old version stays.
 
         With `status="generating"` this object holds the reply's file lock until
         `update_message` gives it a final status (or `close`), so that other processes opening
@@ -337,14 +457,17 @@ class History:
                     "SELECT COALESCE(MAX(seq), -1) + 1 FROM messages WHERE session_id=?",
                     (session_id,),
                 ).fetchone()[0]
+                parent = self._parent_for(db, session_id, sibling_of)
                 cur = db.execute(
-                    "INSERT INTO messages "
-                    "(session_id, seq, role, content, status, created, updated) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (session_id, seq, role, content, status, now, now),
+                    "INSERT INTO messages (session_id, seq, role, content, status, created, "
+                    "updated, parent_id, chosen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, seq, role, content, status, now, now, parent, now),
                 )
                 message_id = int(cur.lastrowid or 0)
-                db.execute("UPDATE sessions SET updated=? WHERE id=?", (now, session_id))
+                db.execute(
+                    "UPDATE sessions SET updated=?, leaf_id=? WHERE id=?",
+                    (now, message_id, session_id),
+                )
                 if role == "user":
                     title = content.strip().splitlines()[0][:80] if content.strip() else None
                     db.execute(
@@ -362,6 +485,23 @@ class History:
                 self._release_reply(message_id)  # a lock taken for a row never committed
             raise
         return message_id
+
+    @staticmethod
+    def _parent_for(db: sqlite3.Connection, session_id: int, sibling_of: int | None) -> int | None:
+        """The parent of a new message: the current leaf, or the parent of `sibling_of`."""
+        if sibling_of is None:
+            row = db.execute("SELECT leaf_id FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                raise UsageError(f"there is no chat session {session_id}")
+            return None if row[0] is None else int(row[0])
+        row = db.execute(
+            "SELECT parent_id FROM messages WHERE id=? AND session_id=?", (sibling_of, session_id)
+        ).fetchone()
+        if row is None:
+            raise UsageError(
+                f"message {sibling_of} is not in chat session {session_id}: reopen the chat"
+            )
+        return None if row[0] is None else int(row[0])
 
     def update_message(
         self,
@@ -431,26 +571,34 @@ class History:
                 cur = db.execute(
                     "INSERT INTO sessions (created, updated, model, system, title) "
                     "VALUES (?, ?, ?, ?, ?)",
-                    session[1:],
+                    session[1:6],
                 )
                 session_id = int(cur.lastrowid or 0)
             else:
                 db.execute(
-                    f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", session
+                    f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                    session[:6],
                 )
                 session_id = int(session[0])
+            ids: dict[int, int] = {}  # old id -> restored id (parents come before children)
+            marks = ", ".join("?" * len(MESSAGE_COLUMNS.split(",")))
             for row in deleted.messages:
                 message = list(row)
+                old_id = int(message[0])
                 message[1] = session_id
-                if (
-                    taken
-                    or db.execute("SELECT 1 FROM messages WHERE id=?", (message[0],)).fetchone()
-                ):
+                if message[9] is not None:
+                    message[9] = ids.get(int(message[9]), message[9])
+                if taken or db.execute("SELECT 1 FROM messages WHERE id=?", (old_id,)).fetchone():
                     message[0] = None  # a new id; the message's place (seq) is kept
-                db.execute(
-                    f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    message,
+                cur = db.execute(
+                    f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ({marks})", message
                 )
+                ids[old_id] = int(cur.lastrowid or old_id)
+            leaf = session[6]
+            db.execute(
+                "UPDATE sessions SET leaf_id=? WHERE id=?",
+                (None if leaf is None else ids.get(int(leaf), leaf), session_id),
+            )
         return session_id
 
     # --- search --------------------------------------------------------------------------------
@@ -502,8 +650,10 @@ class History:
         ]
 
 
-SESSION_COLUMNS = "id, created, updated, model, system, title"
-MESSAGE_COLUMNS = "id, session_id, seq, role, content, status, continues, created, updated"
+SESSION_COLUMNS = "id, created, updated, model, system, title, leaf_id"
+MESSAGE_COLUMNS = (
+    "id, session_id, seq, role, content, status, continues, created, updated, parent_id, chosen"
+)
 
 
 @dataclass(frozen=True)
@@ -566,134 +716,24 @@ def split_hits(snippet: str) -> list[tuple[str, bool]]:
 
 
 # --- export and import -------------------------------------------------------------------------
+# In their own module; imported here so that `localfab.chat.history` keeps offering them.
+from localfab.chat.transfer import (  # noqa: E402
+    EXPORT_FORMAT,
+    EXPORT_VERSION,
+    export_json,
+    export_markdown,
+    import_json,
+)
 
-EXPORT_FORMAT = "localfab-chat"
-EXPORT_VERSION = 1
-IMPORT_ROLES = ("system", "user", "assistant")
-
-
-def _stored(history: History, session_id: int) -> tuple[StoredSession, list[StoredMessage]]:
-    session = history.session(session_id)
-    if session is None:
-        raise UsageError(f"there is no chat session {session_id}")
-    return session, history.messages(session_id)
-
-
-def export_markdown(history: History, session_id: int) -> str:
-    """A session as Markdown: its title, model and system prompt, then each message."""
-    session, messages = _stored(history, session_id)
-    lines = [f"# {session.title or 'Chat'}", "", f"- Model: `{session.model}`"]
-    lines.append(f"- Started: {time.strftime('%Y-%m-%d %H:%M', time.localtime(session.created))}")
-    if session.system:
-        lines += ["", "## System", "", session.system]
-    for m in messages:
-        heading = {"user": "You", "assistant": "Assistant", "system": "System"}.get(
-            m.role, m.role.title()
-        )
-        if m.status in ("length", "interrupted"):
-            heading += f" ({'cut at the token limit' if m.status == 'length' else 'interrupted'})"
-        lines += ["", f"## {heading}", "", m.content]
-    return "\n".join(lines) + "\n"
-
-
-def export_json(history: History, session_id: int) -> str:
-    """A session as JSON that `import_json` reads back."""
-    session, _ = _stored(history, session_id)
-    with history._lock:
-        rows = history._db.execute(
-            "SELECT role, content, status, continues, created, updated FROM messages "
-            "WHERE session_id=? ORDER BY seq",
-            (session_id,),
-        ).fetchall()
-    data = {
-        "format": EXPORT_FORMAT,
-        "version": EXPORT_VERSION,
-        "session": {
-            "title": session.title,
-            "model": session.model,
-            "system": session.system,
-            "created": session.created,
-            "updated": session.updated,
-        },
-        "messages": [
-            dict(
-                zip(
-                    ("role", "content", "status", "continues", "created", "updated"), r, strict=True
-                )
-            )
-            for r in rows
-        ],
-    }
-    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
-
-
-def import_json(history: History, text: str) -> int:
-    """Store an exported session (JSON from `export_json`) as a new session; returns its id."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"not a localfab chat export: invalid JSON ({exc})") from exc
-    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
-        raise UsageError("not a localfab chat export: export a chat from localfab as JSON")
-    if data.get("version") != EXPORT_VERSION:
-        raise UsageError(
-            f"this chat export is version {data.get('version')!r}; this localfab reads version "
-            f"{EXPORT_VERSION}: update localfab"
-        )
-    session, messages = data.get("session"), data.get("messages")
-    if not isinstance(session, dict) or not isinstance(messages, list):
-        raise UsageError("a chat export needs a 'session' object and a 'messages' list")
-    rows = []
-    now = time.time()
-    for i, m in enumerate(messages):
-        if (
-            not isinstance(m, dict)
-            or m.get("role") not in IMPORT_ROLES
-            or not isinstance(m.get("content"), str)
-        ):
-            raise UsageError(
-                f"message {i + 1} of the chat export needs a role ({', '.join(IMPORT_ROLES)}) "
-                "and text content"
-            )
-        status = m.get("status", "complete")
-        if status not in STATUSES or status == "generating":
-            status = "interrupted" if status == "generating" else "complete"
-        continues = m.get("continues", 0)
-        created = m.get("created", now)
-        updated = m.get("updated", created)
-        rows.append(
-            (
-                i,
-                m["role"],
-                m["content"],
-                status,
-                continues if isinstance(continues, int) else 0,
-                float(created) if isinstance(created, int | float) else now,
-                float(updated) if isinstance(updated, int | float) else now,
-            )
-        )
-
-    def text_or_none(value: object) -> str | None:
-        return value if isinstance(value, str) else None
-
-    model = text_or_none(session.get("model")) or "imported"
-    created = session.get("created", now)
-    created = float(created) if isinstance(created, int | float) else now
-    with history._write() as db:
-        cur = db.execute(
-            "INSERT INTO sessions (created, updated, model, system, title) VALUES (?, ?, ?, ?, ?)",
-            (
-                created,
-                now,
-                model,
-                text_or_none(session.get("system")),
-                text_or_none(session.get("title")),
-            ),
-        )
-        session_id = int(cur.lastrowid or 0)
-        db.executemany(
-            "INSERT INTO messages (session_id, seq, role, content, status, continues, created, "
-            "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(session_id, *r) for r in rows],
-        )
-    return session_id
+__all__ = [
+    "EXPORT_FORMAT",
+    "EXPORT_VERSION",
+    "DeletedSession",
+    "History",
+    "SearchHit",
+    "StoredMessage",
+    "StoredSession",
+    "export_json",
+    "export_markdown",
+    "import_json",
+]

@@ -5,20 +5,25 @@ prompt and the latest user message always stay) and the KV cells of the kept tur
 not re-processed. A reply that reaches the end of the window mid-generation makes room the same
 way. A reply cut at the token limit is continued as a prefilled assistant turn, token for token,
 so the pieces join without repeats. Every message is written to the history as it grows.
+
+A reply can be regenerated and a user message edited: either way the new text is a new version
+of that place in the conversation (a sibling in the history), the old one stays, and
+`switch_version` moves between versions, rebuilding the window as `resume` does (the KV cache
+keeps the prefix the two paths share).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from localfab.chat.history import History
+from localfab.chat.history import History, StoredMessage
 from localfab.chat.prompt import PromptBuilder
-from localfab.engine import Done, SamplingParams, Timings, TokenEvent
-from localfab.errors import ContextOverflow
+from localfab.engine import ChatEngine, Done, SamplingParams, Timings, TokenEvent
+from localfab.errors import ContextOverflow, UsageError
 
 # Default room kept free for the reply when fitting the window: a quarter of the context
 # (llama-server's n_keep/n_discard halves the window on overflow; a quarter keeps more history
@@ -72,6 +77,25 @@ class Reply:
 
 
 ChatEvent = TokenEvent | Shifted | Continued | Reply
+
+# A reply's stored status by how its last piece finished.
+FINISH_STATUS = {"cancelled": "interrupted", "length": "length"}
+
+
+@dataclass
+class _ReplyRun:
+    """What one reply keeps while it streams, over its pieces (continuations)."""
+
+    index: int  # the reply's place in ChatSession.messages
+    parts: list[str]  # its text so far, in pieces
+    base_prompt: list[int]  # the window up to where the reply starts
+    shifts: list[Shifted]
+    last_flush: float
+    reply_id: int | None = None  # its row in the history
+    reply_tokens: list[int] = field(default_factory=list)  # tokens of its earlier pieces
+    pieces: list[Done] = field(default_factory=list)
+    pending_events: list[Shifted] = field(default_factory=list)
+    continues: int = 0
 
 
 def next_turn_start(messages: Sequence[Mapping[str, Any]], start: int, last: int) -> int | None:
@@ -141,7 +165,7 @@ class ChatSession:
 
     def __init__(
         self,
-        engine: object,
+        engine: ChatEngine,
         prompts: PromptBuilder,
         *,
         system: str | None = None,
@@ -151,11 +175,11 @@ class ChatSession:
         session_id: int | None = None,
         model_name: str = "",
     ) -> None:
-        self.engine = engine  # localfab.engine.Engine (typed loosely to keep tests' fakes easy)
+        self.engine = engine
         self.prompts = prompts
         self.system = system
         self.max_continues = max_continues
-        self.n_ctx: int = engine.n_ctx  # type: ignore[attr-defined]
+        self.n_ctx: int = engine.n_ctx
         self.reply_reserve = (
             reply_reserve if reply_reserve is not None else self.n_ctx // REPLY_RESERVE_FRACTION
         )
@@ -219,12 +243,31 @@ class ChatSession:
         cancel: threading.Event | None = None,
     ) -> Iterator[ChatEvent]:
         """Add a user message and stream the reply (TokenEvents, Shifted, Continued, Reply)."""
+        return self._turn(text, max_tokens=max_tokens, sampling=sampling, stop=stop, cancel=cancel)
+
+    def _turn(
+        self,
+        text: str,
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None,
+        stop: Sequence[str],
+        cancel: threading.Event | None,
+        sibling_of: int | None = None,
+        restore: Callable[[], None] | None = None,
+    ) -> Iterator[ChatEvent]:
+        """A user message (a new version of stored message `sibling_of`, if given) and its reply.
+
+        `restore` puts the conversation back as it was when the message does not fit.
+        """
         self.messages.append({"role": "user", "content": text})
         last_user = len(self.messages) - 1
         reserve = min(self.reply_reserve, max_tokens) if max_tokens > 0 else self.reply_reserve
         start, tokens, dropped, n_before = self._fit(last_user, reserve)
         if len(tokens) >= self.n_ctx - 1:
             self.messages.pop()
+            if restore is not None:
+                restore()
             raise ContextOverflow(
                 len(tokens),
                 self.n_ctx,
@@ -232,7 +275,31 @@ class ChatSession:
                 f"context window holds {self.n_ctx}: shorten it or raise the context with -c",
             )
         if self.history is not None and self.session_id is not None:
-            self._stored[last_user] = self.history.add_message(self.session_id, "user", text)
+            self._stored[last_user] = self.history.add_message(
+                self.session_id, "user", text, sibling_of=sibling_of
+            )
+        yield from self._answer(
+            last_user,
+            (start, tokens, dropped, n_before),
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=stop,
+            cancel=cancel,
+        )
+
+    def _answer(
+        self,
+        last_user: int,
+        fitted: tuple[int, list[int], int, int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None,
+        stop: Sequence[str],
+        cancel: threading.Event | None,
+        sibling_of: int | None = None,
+    ) -> Iterator[ChatEvent]:
+        """Shift the window to `fitted` (from `_fit`) if it moved, then stream a new reply."""
+        start, tokens, dropped, n_before = fitted
         shifts: list[Shifted] = []
         if dropped:
             shifts.append(self._shift(start, tokens, dropped, n_before - len(tokens)))
@@ -245,14 +312,150 @@ class ChatSession:
             cancel=cancel,
             shifts=shifts,
             last_user=last_user,
+            sibling_of=sibling_of,
         )
+
+    # --- versions ------------------------------------------------------------------------------
+
+    def _cut(self, index: int) -> Callable[[], None]:
+        """Drop messages[index:] from the window (they stay stored); returns an undo."""
+        saved = (self.messages[index:], self.window_start, dict(self._pins), dict(self._stored))
+        del self.messages[index:]
+        self._pins = {i: p for i, p in self._pins.items() if i < index}
+        self._stored = {i: m for i, m in self._stored.items() if i < index}
+        self.window_start = min(self.window_start, index)
+
+        def undo() -> None:
+            self.messages.extend(saved[0])
+            self.window_start, self._pins, self._stored = saved[1], saved[2], saved[3]
+
+        return undo
+
+    def _check_index(self, index: int, role: str) -> int:
+        if index < 0:
+            index += len(self.messages)
+        if not 0 <= index < len(self.messages) or self.messages[index]["role"] != role:
+            what = "a reply" if role == "assistant" else "a message of yours"
+            raise UsageError(f"message {index} of this chat is not {what}: pick {what}")
+        return index
+
+    def regenerate(
+        self,
+        index: int = -1,
+        *,
+        max_tokens: int = -1,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[ChatEvent]:
+        """A new version of the reply at `index` (default: the last), streamed.
+
+        Messages after it leave the current path (they stay stored, under the old version).
+        """
+        index = self._check_index(index, "assistant")
+        users = [i for i in range(index) if self.messages[i]["role"] == "user"]
+        if not users:
+            raise UsageError("this reply answers no message of yours: there is nothing to redo")
+        old = self._stored.get(index)
+        self._cut(index)
+        # A reply whose turn had left the window brings its turn back in.
+        self.window_start = min(self.window_start, users[-1])
+        reserve = min(self.reply_reserve, max_tokens) if max_tokens > 0 else self.reply_reserve
+        fitted = self._fit(users[-1], reserve)
+        yield from self._answer(
+            users[-1],
+            fitted,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=stop,
+            cancel=cancel,
+            sibling_of=old,
+        )
+
+    def edit(
+        self,
+        index: int,
+        text: str,
+        *,
+        max_tokens: int = -1,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[ChatEvent]:
+        """Replace the user message at `index` with a new version, `text`, and stream a reply.
+
+        The old message and everything after it stay stored, as the other version.
+        """
+        index = self._check_index(index, "user")
+        old = self._stored.get(index)
+        undo = self._cut(index)
+        yield from self._turn(
+            text,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=stop,
+            cancel=cancel,
+            sibling_of=old,
+            restore=undo,
+        )
+
+    def stored_ids(self) -> dict[int, int]:
+        """Message index -> its row in the history, for the messages that are stored."""
+        return dict(self._stored)
+
+    def versions(self, index: int) -> list[StoredMessage]:
+        """The stored versions of the message at `index`, oldest first (empty if not stored)."""
+        message_id = self._stored.get(index)
+        if self.history is None or message_id is None:
+            return []
+        return self.history.siblings(message_id)
+
+    def switch_version(self, index: int, step: int) -> list[StoredMessage]:
+        """Show the version `step` places from the one at `index` (-1: previous, 1: next).
+
+        The path below the chosen version is the one last used there. The window is rebuilt
+        from the new path as `resume` does; returns the path (the stored messages).
+        """
+        if self.history is None or self.session_id is None:
+            raise UsageError("this chat is not saved yet, so it has no other versions")
+        versions = self.versions(index)
+        if not versions:
+            raise UsageError(f"message {index} of this chat is not saved: it has no versions")
+        current = next(i for i, m in enumerate(versions) if m.id == self._stored[index])
+        target = versions[max(0, min(len(versions) - 1, current + step))]
+        if target.id != versions[current].id:
+            self.history.switch_to(target.id)
+        return self._load_path()
+
+    def _load_path(self) -> list[StoredMessage]:
+        """Rebuild messages, window and KV cache from the stored current path."""
+        assert self.history is not None and self.session_id is not None
+        stored = self.history.messages(self.session_id)
+        self.messages = [{"role": m.role, "content": m.content} for m in stored]
+        self._stored = {i: m.id for i, m in enumerate(stored)}
+        # Pins hold for the same text only (checked where they are used); drop the rest.
+        self._pins = {
+            i: pin
+            for i, pin in self._pins.items()
+            if i < len(self.messages) and self.messages[i]["content"] == pin[0]
+        }
+        self.window_start = 0
+        users = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
+        self.expected_cache = []
+        if users:
+            start, tokens, _, _ = self._fit(users[-1], self.reply_reserve)
+            self.window_start = start
+            if len(tokens) < self.n_ctx:
+                self.engine.evaluate(tokens)
+                self.expected_cache = list(tokens)
+        return stored
 
     def _shift(self, start: int, tokens: list[int], dropped: int, n_dropped: int) -> Shifted:
         """Move the window to `start` before a turn; shift the KV cache to match when possible."""
         self.window_start = start
         engine = self.engine
-        if engine.can_shift:  # type: ignore[attr-defined]
-            a, b = engine.shift_to(tokens)  # type: ignore[attr-defined]
+        if engine.can_shift:
+            a, b = engine.shift_to(tokens)
             n_tokens = b - a if b > a else n_dropped
             return Shifted(dropped, n_tokens, reprocessed=(b == a), during_reply=False)
         return Shifted(dropped, n_dropped, reprocessed=True, during_reply=False)
@@ -269,33 +472,76 @@ class ChatSession:
         last_user: int,
         prefix_text: str = "",
         reply_index: int | None = None,
+        sibling_of: int | None = None,
     ) -> Iterator[ChatEvent]:
-        engine = self.engine
-        parts: list[str] = [prefix_text] if prefix_text else []
-        pieces: list[Done] = []
-        reply_id = None
         if reply_index is None:
             self.messages.append({"role": "assistant", "content": prefix_text})
             reply_index = len(self.messages) - 1
-        if self.history is not None and self.session_id is not None:
-            # A continued reply goes on in its own row; a new one gets a row of its own.
-            reply_id = self._stored.get(reply_index)
-            if reply_id is None:
-                reply_id = self.history.add_message(
-                    self.session_id, "assistant", prefix_text, status="generating"
+        run = _ReplyRun(
+            index=reply_index,
+            parts=[prefix_text] if prefix_text else [],
+            base_prompt=list(prompt),
+            shifts=shifts,
+            last_flush=time.monotonic(),
+        )
+        run.reply_id = self._reply_row(reply_index, prefix_text, sibling_of)
+        on_full = self._on_full(run, last_user, prefix_text)
+        status = "interrupted"
+        try:
+            carry = b""
+            while True:
+                done = yield from self._piece(
+                    run,
+                    max_tokens=max_tokens,
+                    sampling=sampling,
+                    stop=stop,
+                    cancel=cancel,
+                    on_full=on_full,
+                    carry=carry,
                 )
-                self._stored[reply_index] = reply_id
-        pending_events: list[Shifted] = []
-        base_prompt = list(prompt)  # the window up to where the reply starts
-        reply_tokens: list[int] = []  # tokens of the reply's earlier pieces (continuations)
+                if not self._goes_on(run, done, cancel):
+                    break
+                run.continues += 1
+                yield Continued(run.continues, self.max_continues)
+                # The reply so far, token for token, is the prefilled assistant turn.
+                run.reply_tokens.extend(done.tokens)
+                carry = done.pending
+            status = FINISH_STATUS.get(run.pieces[-1].finish_reason, "complete")
+            yield self._finished(run, prefix_text)
+        finally:
+            if run.reply_id is not None:
+                self.history.update_message(  # type: ignore[union-attr]
+                    run.reply_id, "".join(run.parts), status=status, continues=run.continues
+                )
+
+    def _reply_row(self, reply_index: int, prefix_text: str, sibling_of: int | None) -> int | None:
+        """The reply's row in the history: a continued reply's own, or a new one."""
+        if self.history is None or self.session_id is None:
+            return None
+        reply_id = self._stored.get(reply_index)
+        if reply_id is None:
+            reply_id = self.history.add_message(
+                self.session_id,
+                "assistant",
+                prefix_text,
+                status="generating",
+                sibling_of=sibling_of,
+            )
+            self._stored[reply_index] = reply_id
+        return reply_id
+
+    def _on_full(
+        self, run: _ReplyRun, last_user: int, prefix_text: str
+    ) -> Callable[[list[int]], list[int] | None]:
+        """What the engine asks when the window fills mid-reply: the shorter window, or None."""
+        engine = self.engine
 
         def on_full(generated: list[int]) -> list[int] | None:
-            nonlocal base_prompt
-            tail = reply_tokens + generated[:-1]
+            tail = run.reply_tokens + generated[:-1]
 
             def prompt_from(start: int) -> list[int]:
                 if start == self.window_start:
-                    return base_prompt
+                    return run.base_prompt
                 window = self.window(start)
                 if prefix_text:
                     window[-1] = {"role": "assistant", "content": prefix_text}
@@ -308,94 +554,92 @@ class ChatSession:
             )
             if not dropped or len(tokens) + len(tail) >= self.n_ctx:
                 return None
-            self.window_start, base_prompt = start, tokens
-            event = Shifted(dropped, before - len(tokens), not engine.can_shift, True)  # type: ignore[attr-defined]
-            pending_events.append(event)
-            shifts.append(event)
+            self.window_start, run.base_prompt = start, tokens
+            event = Shifted(dropped, before - len(tokens), not engine.can_shift, True)
+            run.pending_events.append(event)
+            run.shifts.append(event)
             return tokens + tail
 
-        status = "interrupted"
-        last_flush = time.monotonic()
-        carry = b""
-        continues = 0
-        try:
-            while True:
-                done: Done | None = None
-                piece_prompt = base_prompt + reply_tokens
-                for event in engine.stream(  # type: ignore[attr-defined]
-                    piece_prompt,
-                    max_tokens=max_tokens,
-                    sampling=sampling,
-                    stop=stop,
-                    cancel=cancel,
-                    on_context_full=on_full,
-                    carry=carry,
-                ):
-                    while pending_events:
-                        yield pending_events.pop(0)
-                    if isinstance(event, Done):
-                        done = event
-                        break
-                    if event.text:
-                        parts.append(event.text)
-                        self.messages[reply_index]["content"] = "".join(parts)
-                        now = time.monotonic()
-                        if reply_id is not None and now - last_flush >= FLUSH_SECONDS:
-                            self.history.update_message(reply_id, "".join(parts))  # type: ignore[union-attr]
-                            last_flush = now
-                    yield event
-                while pending_events:
-                    yield pending_events.pop(0)
-                assert done is not None
-                pieces.append(done)
-                in_cache = list(done.tokens) if done.stop_type == "eos" else list(done.tokens[:-1])
-                piece_prompt = base_prompt + reply_tokens  # on_full may have moved it
-                self.expected_cache = piece_prompt + in_cache
-                room = self.n_ctx - len(piece_prompt) - len(done.tokens) - 1
-                if (
-                    done.stop_type == "limit"
-                    and continues < self.max_continues
-                    and room > 0
-                    and not (cancel is not None and cancel.is_set())
-                ):
-                    continues += 1
-                    yield Continued(continues, self.max_continues)
-                    # The reply so far, token for token, is the prefilled assistant turn.
-                    reply_tokens.extend(done.tokens)
-                    carry = done.pending
-                    continue
+        return on_full
+
+    def _piece(
+        self,
+        run: _ReplyRun,
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None,
+        stop: Sequence[str],
+        cancel: threading.Event | None,
+        on_full: Callable[[list[int]], list[int] | None],
+        carry: bytes,
+    ) -> Generator[ChatEvent, None, Done]:
+        """Stream one piece of the reply (the first, or a continuation); returns its Done."""
+        done: Done | None = None
+        for event in self.engine.stream(
+            run.base_prompt + run.reply_tokens,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=stop,
+            cancel=cancel,
+            on_context_full=on_full,
+            carry=carry,
+        ):
+            while run.pending_events:
+                yield run.pending_events.pop(0)
+            if isinstance(event, Done):
+                done = event
                 break
-            last = pieces[-1]
-            finish = last.finish_reason
-            if finish == "cancelled":
-                status = "interrupted"
-            elif finish == "length":
-                status = "length"
-            else:
-                status = "complete"
-            if last.pending:
-                parts.append(last.pending.decode("utf-8", errors="replace"))
-            text = "".join(parts)
-            self.messages[reply_index]["content"] = text
-            generated = reply_tokens + list(last.tokens)
-            # Pinned only when the tokens spell exactly the reply's text: not a reply cut at a
-            # stop string, nor one with control tokens (whose text the reply does not show).
-            if not prefix_text and generated and self.prompts.spelled(generated) == text.encode():
-                self._pins[reply_index] = (text, tuple(generated))
-            yield Reply(
-                text=text,
-                finish_reason=finish,
-                stop_type=last.stop_type,
-                continues=continues,
-                shifts=tuple(shifts),
-                timings=pieces[0].timings,
-                pieces=tuple(pieces),
-            )
-        finally:
-            if reply_id is not None:
-                self.history.update_message(  # type: ignore[union-attr]
-                    reply_id, "".join(parts), status=status, continues=continues
-                )
+            if event.text:
+                self._grow(run, event.text)
+            yield event
+        while run.pending_events:
+            yield run.pending_events.pop(0)
+        assert done is not None
+        run.pieces.append(done)
+        in_cache = list(done.tokens) if done.stop_type == "eos" else list(done.tokens[:-1])
+        # on_full may have moved the window while the piece streamed.
+        self.expected_cache = run.base_prompt + run.reply_tokens + in_cache
+        return done
+
+    def _grow(self, run: _ReplyRun, text: str) -> None:
+        """Add text to the reply; write it to the history every FLUSH_SECONDS."""
+        run.parts.append(text)
+        self.messages[run.index]["content"] = "".join(run.parts)
+        now = time.monotonic()
+        if run.reply_id is not None and now - run.last_flush >= FLUSH_SECONDS:
+            self.history.update_message(run.reply_id, "".join(run.parts))  # type: ignore[union-attr]
+            run.last_flush = now
+
+    def _goes_on(self, run: _ReplyRun, done: Done, cancel: threading.Event | None) -> bool:
+        """Whether a piece cut at the token limit is continued."""
+        room = self.n_ctx - len(run.base_prompt) - len(run.reply_tokens) - len(done.tokens) - 1
+        return (
+            done.stop_type == "limit"
+            and run.continues < self.max_continues
+            and room > 0
+            and not (cancel is not None and cancel.is_set())
+        )
+
+    def _finished(self, run: _ReplyRun, prefix_text: str) -> Reply:
+        last = run.pieces[-1]
+        if last.pending:
+            run.parts.append(last.pending.decode("utf-8", errors="replace"))
+        text = "".join(run.parts)
+        self.messages[run.index]["content"] = text
+        generated = run.reply_tokens + list(last.tokens)
+        # Pinned only when the tokens spell exactly the reply's text: not a reply cut at a
+        # stop string, nor one with control tokens (whose text the reply does not show).
+        if not prefix_text and generated and self.prompts.spelled(generated) == text.encode():
+            self._pins[run.index] = (text, tuple(generated))
+        return Reply(
+            text=text,
+            finish_reason=last.finish_reason,
+            stop_type=last.stop_type,
+            continues=run.continues,
+            shifts=tuple(run.shifts),
+            timings=run.pieces[0].timings,
+            pieces=tuple(run.pieces),
+        )
 
     def complete(
         self,
@@ -453,7 +697,7 @@ class ChatSession:
         cls,
         history: History,
         session_id: int,
-        engine: object,
+        engine: ChatEngine,
         prompts: PromptBuilder,
         *,
         max_continues: int = 3,
@@ -472,14 +716,5 @@ class ChatSession:
             max_continues=max_continues,
             reply_reserve=reply_reserve,
         )
-        stored_messages = history.messages(session_id)
-        session.messages = [{"role": m.role, "content": m.content} for m in stored_messages]
-        session._stored = {i: m.id for i, m in enumerate(stored_messages)}
-        users = [i for i, m in enumerate(session.messages) if m["role"] == "user"]
-        if users:
-            start, tokens, _, _ = session._fit(users[-1], session.reply_reserve)
-            session.window_start = start
-            if len(tokens) < session.n_ctx:
-                engine.evaluate(tokens)  # type: ignore[attr-defined]
-                session.expected_cache = list(tokens)
+        session._load_path()
         return session

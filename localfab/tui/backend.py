@@ -16,16 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from localfab.errors import LoadCancelled
+from localfab.errors import LoadCancelled, UsageError
 
 __all__ = ["LoadCancelled"]  # the user cancelled a model load: re-exported for the app
 
 if TYPE_CHECKING:
-    from localfab.chat.history import History
+    from localfab.chat.history import History, StoredMessage
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession
     from localfab.config import Config, Paths
+    from localfab.energy import Energy
     from localfab.engine import SamplingParams
+    from localfab.ledger import LedgerWriter, ReplyRecorder
     from localfab.plan import Wishes
 
 
@@ -58,6 +60,9 @@ class StoredTurn:
     role: str
     content: str
     status: str = "complete"
+    message_id: int | None = None  # its row in the history, when stored
+    version: int = 1  # which version of its place in the chat this is, from 1
+    versions: int = 1  # how many versions its place has (edits, regenerated replies)
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class ReplyFinished:
     ttft_ms: float
     tokens_per_second: float
     continues: int = 0
+    joules_per_token: float | None = None  # where the machine reports power (see `energy`)
 
 
 ReplyEvent = ReplyText | WindowShifted | ReplyContinued | ReplyFinished
@@ -102,7 +108,10 @@ ProgressCallback = Callable[[LoadProgress], None]
 
 
 class ChatBackend(Protocol):
-    """A model the app can chat with. Every method but `context_usage` runs in a worker."""
+    """A model the app can chat with.
+
+    Every method but `context_usage` and `path` (small reads) runs in a worker.
+    """
 
     def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelInfo:
         """Load the model, reporting progress; raise `LoadCancelled` when `cancel` is set."""
@@ -125,6 +134,24 @@ class ChatBackend(Protocol):
         """Continue the last reply from where it stopped."""
         ...
 
+    def regenerate(
+        self, message_id: int | None, *, cancel: threading.Event
+    ) -> Iterator[ReplyEvent]:
+        """Stream a new version of a reply (None: the last); the old one stays stored."""
+        ...
+
+    def edit(self, message_id: int, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
+        """Store `text` as a new version of a user message, and stream a reply to it."""
+        ...
+
+    def switch_version(self, message_id: int, step: int) -> list[StoredTurn]:
+        """Show another version of a message (-1: previous, 1: next); returns the new path."""
+        ...
+
+    def path(self) -> list[StoredTurn]:
+        """The chat's current path as stored, with each message's id and versions."""
+        ...
+
     def context_usage(self) -> tuple[int, int]:
         """Tokens the chat holds in the window, and the window's size."""
         ...
@@ -140,6 +167,7 @@ class Loaded:
     prompts: PromptBuilder
     info: ModelInfo
     close: Callable[[], None] = lambda: None
+    plan: Any = None  # the planner's Plan it was loaded with (for the usage ledger)
 
 
 Loader = Callable[[ProgressCallback, threading.Event], Loaded]
@@ -163,8 +191,13 @@ class LocalBackend:
     history: History | None
     model_name: str
     options: ChatOptions = field(default_factory=ChatOptions)
+    # Where each reply's figures go (`localfab stats`); None records nothing. Energy is measured
+    # either way, for the status bar.
+    ledger: LedgerWriter | None = None
+    ledger_file: Path | None = None  # opened (as `ledger`) by `load`, off the event loop
     _loaded: Loaded | None = None
     _session: ChatSession | None = None
+    _recorder: ReplyRecorder | None = None
 
     def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelInfo:
         loaded = self.loader(progress, cancel)
@@ -172,6 +205,20 @@ class LocalBackend:
             loaded.close()
             raise LoadCancelled()
         self._loaded = loaded
+        from localfab.energy import EnergyMeter
+        from localfab.ledger import Ledger, LedgerWriter, ReplyRecorder
+
+        if self.ledger is None and self.ledger_file is not None:
+            self.ledger = LedgerWriter(Ledger(self.ledger_file))
+
+        self._recorder = ReplyRecorder(
+            self.ledger,
+            frontend="chat",
+            model=self.model_name,
+            plan=loaded.plan,
+            meter=EnergyMeter.for_this_machine(),
+            model_path=loaded.info.path,
+        )
         return loaded.info
 
     def _require(self) -> Loaded:
@@ -192,8 +239,7 @@ class LocalBackend:
                 max_continues=self.options.max_continues,
                 reply_reserve=self.options.reply_reserve,
             )
-            stored = self.history.messages(session_id)
-            return [StoredTurn(m.role, m.content, m.status) for m in stored]
+            return self.path()
         # The chat is stored from its first message on: an opened, unused chat leaves no trace.
         self._session = ChatSession(
             loaded.engine,
@@ -230,14 +276,64 @@ class LocalBackend:
             sampling=self.options.sampling,
             cancel=cancel,
         )
-        yield from _translate(events)
+        yield from self._events(events)
 
     def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()
         events = chat.continue_reply(
             max_tokens=self.options.max_tokens, sampling=self.options.sampling, cancel=cancel
         )
-        yield from _translate(events)
+        yield from self._events(events)
+
+    def regenerate(
+        self, message_id: int | None, *, cancel: threading.Event
+    ) -> Iterator[ReplyEvent]:
+        chat = self._chat()
+        index = -1 if message_id is None else self._index(chat, message_id)
+        events = chat.regenerate(
+            index,
+            max_tokens=self.options.max_tokens,
+            sampling=self.options.sampling,
+            cancel=cancel,
+        )
+        yield from self._events(events)
+
+    def edit(self, message_id: int, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
+        chat = self._chat()
+        events = chat.edit(
+            self._index(chat, message_id),
+            text,
+            max_tokens=self.options.max_tokens,
+            sampling=self.options.sampling,
+            cancel=cancel,
+        )
+        yield from self._events(events)
+
+    def _events(self, events: Iterator[Any]) -> Iterator[ReplyEvent]:
+        """A reply's events for the app, measured and recorded in the usage ledger."""
+        recorder = self._recorder
+        if recorder is None:
+            yield from _translate(events)
+            return
+        yield from _translate(recorder.wrap(events), energy=lambda: recorder.energy)
+
+    def switch_version(self, message_id: int, step: int) -> list[StoredTurn]:
+        chat = self._chat()
+        return [_turn(m) for m in chat.switch_version(self._index(chat, message_id), step)]
+
+    def path(self) -> list[StoredTurn]:
+        chat = self._session
+        if chat is None or chat.history is None or chat.session_id is None:
+            return []
+        return [_turn(m) for m in chat.history.messages(chat.session_id)]
+
+    @staticmethod
+    def _index(chat: ChatSession, message_id: int) -> int:
+        """The place in the chat's current path of a stored message."""
+        for index, stored in chat.stored_ids().items():
+            if stored == message_id:
+                return index
+        raise UsageError("that message is not in this chat's current path: reopen the chat")
 
     def context_usage(self) -> tuple[int, int]:
         chat = self._session
@@ -251,16 +347,32 @@ class LocalBackend:
             self._loaded.close()
             self._loaded = None
         self._session = None
+        if self.ledger is not None:
+            self.ledger.close()  # waits for the last rows (a few ms)
+            self.ledger = None
 
 
-def _translate(events: Iterator[Any]) -> Iterator[ReplyEvent]:
-    """ChatSession's events as the app's events, with the live figures the status bar shows."""
+def _turn(m: StoredMessage) -> StoredTurn:
+    return StoredTurn(m.role, m.content, m.status, m.id, m.version, m.versions)
+
+
+def _translate(
+    events: Iterator[Any], *, energy: Callable[[], Energy | None] = lambda: None
+) -> Iterator[ReplyEvent]:
+    """ChatSession's events as the app's events, with the live figures the status bar shows.
+
+    `energy` gives the reply's measured energy once the reply has ended (None: not measured).
+    """
     from localfab.chat.session import Continued, Reply, Shifted
 
     for event in events:
         if isinstance(event, Reply):
             steps = sum(max(0, p.timings.predicted_n - 1) for p in event.pieces)
             decode_ms = sum(p.timings.predicted_ms for p in event.pieces)
+            measured = energy()
+            per_token = None
+            if measured is not None and measured.joules is not None and event.completion_tokens:
+                per_token = measured.joules / event.completion_tokens
             yield ReplyFinished(
                 text=event.text,
                 finish_reason=event.finish_reason,
@@ -268,6 +380,7 @@ def _translate(events: Iterator[Any]) -> Iterator[ReplyEvent]:
                 ttft_ms=event.timings.ttft_ms,
                 tokens_per_second=steps / decode_ms * 1e3 if decode_ms > 0 else 0.0,
                 continues=event.continues,
+                joules_per_token=per_token,
             )
         elif isinstance(event, Shifted):
             yield WindowShifted(event.turns, event.tokens, event.reprocessed)
@@ -291,28 +404,18 @@ def model_loader(
     """
 
     def load(progress: ProgressCallback, cancel: threading.Event) -> Loaded:
-        from localfab.runtime import load_model, plan_for, resolve_model, wishes_from_options
+        from localfab.runtime import choose_model, wishes_from_options
 
-        progress(LoadProgress("finding the model", 0.0, name))
-        path = resolve_model(name, paths)
-        if cancel.is_set():
-            raise LoadCancelled()
-        progress(LoadProgress("planning the load", 0.02, str(path)))
-        chosen, _machine = plan_for(path, wishes or wishes_from_options(config, ctx_size=ctx_size))
-        chosen.require_fit()
+        progress(LoadProgress("finding and planning the model", 0.0, name))
+        choice = choose_model(name, paths, wishes or wishes_from_options(config, ctx_size=ctx_size))
+        chosen, path = choice.plan, choice.path
         plan_lines = plan_summary(chosen)
         detail = " · ".join(plan_lines)
         progress(LoadProgress("loading weights", WEIGHTS_START, detail))
         if cancel.is_set():
             raise LoadCancelled()
-        from localfab.engine import EngineSettings
-
         started = time.monotonic()
-        loaded = load_model(
-            path,
-            EngineSettings(**chosen.settings_kwargs()),
-            progress=weights_progress(progress, cancel, detail),
-        )
+        loaded = choice.open(progress=weights_progress(progress, cancel, detail))
         if cancel.is_set():
             loaded.close()
             raise LoadCancelled()
@@ -326,7 +429,7 @@ def model_loader(
             plan=tuple(plan_lines),
             notices=tuple(loaded.notices),
         )
-        return Loaded(loaded.engine, loaded.prompts, info, loaded.close)
+        return Loaded(loaded.engine, loaded.prompts, info, loaded.close, plan=chosen)
 
     return load
 

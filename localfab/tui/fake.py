@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from localfab.engine.types import Done, Timings, TokenEvent
+from localfab.engine.types import Done, FinishReason, StopType, Timings, TokenEvent
 from localfab.errors import ModelError
 from localfab.templates import BUILTIN_TEMPLATES
 from localfab.tui.backend import LoadCancelled, Loaded, LoadProgress, ModelInfo, ProgressCallback
@@ -161,7 +161,8 @@ class FakeEngine:
         generated: list[int] = []
         used = len(prompt)
         first_at: float | None = None
-        finish, stop_type = "stop", "eos"
+        finish: FinishReason = "stop"
+        stop_type: StopType = "eos"
         for token in script:
             if cancel is not None and cancel.is_set():
                 finish, stop_type = "cancelled", "cancel"
@@ -208,7 +209,7 @@ class FakeEngine:
         )
         yield Done(
             text=self.detokenize(generated),
-            finish_reason=finish,  # type: ignore[arg-type]
+            finish_reason=finish,
             stop_type=stop_type,
             tokens=tuple(generated),
             timings=timings,
@@ -243,6 +244,6 @@ def fake_loader(
             total_layers=18,
             plan=(f"context {eng.n_ctx}", "KV f16/f16", "CPU only"),
         )
-        return Loaded(eng, PromptBuilder(eng), info, eng.close)  # type: ignore[arg-type]
+        return Loaded(eng, PromptBuilder(eng), info, eng.close)
 
     return load

@@ -4,6 +4,10 @@ Slow work runs in thread workers: loading the model, opening a session (which re
 cache) and generating. A reply's events go from the worker into an inbox that a frame timer
 drains, so the UI gets one batch of text per frame however fast tokens come, and the Markdown
 widget appends each batch (it re-parses only the last block, never the whole reply).
+
+The screen is in parts: saved-chat actions (`chat_sessions.SessionActions`), message versions
+(`chat_versions.VersionActions`: regenerate, edit, switch) and the pieces that need no screen
+(`chat_parts`).
 """
 
 from __future__ import annotations
@@ -12,20 +16,17 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Button, Footer, Label, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 
-from localfab.chat.history import SearchHit
 from localfab.errors import LocalfabError
 from localfab.tui.backend import (
     ChatBackend,
@@ -33,113 +34,56 @@ from localfab.tui.backend import (
     LoadProgress,
     ModelInfo,
     ReplyContinued,
-    ReplyEvent,
     ReplyFinished,
     ReplyText,
     StoredTurn,
     WindowShifted,
 )
 from localfab.tui.clipboard import system_copy
-from localfab.tui.screens.search import SearchScreen
-from localfab.tui.widgets.dialogs import ErrorDialog, TextDialog
+from localfab.tui.screens.chat_parts import (
+    _END,
+    InboxItem,
+    ReplyFailed,
+    ReplyJob,
+    ReportsWindow,
+    _End,
+    merge_continued,
+    reply_footer,
+    shown_index,
+)
+from localfab.tui.screens.chat_sessions import SessionActions
+from localfab.tui.screens.chat_versions import VersionActions, VersionCommands
+from localfab.tui.widgets.dialogs import ErrorDialog
 from localfab.tui.widgets.messages import MessageView, ShiftDivider, fence_at
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.sessions import ResumeDivider, SessionsPanel
-from localfab.tui.widgets.status import StatusBar, duration
+from localfab.tui.widgets.status import StatusBar
+from localfab.tui.widgets.versions import ChatMessage
 
 if TYPE_CHECKING:
-    from localfab.tui.app import LocalfabApp
     from localfab.tui.sessions import DeletedSession
 
-FRAME_SECONDS = 1 / 30
+# How often streamed text reaches the screen. Each update re-parses the reply's open Markdown
+# block and lays the screen out again, on the thread the model's decode loop shares the GIL with:
+# at 30 updates a second the app decoded at 0.65x the speed of `localfab run` on two cores, at
+# 10 at 0.9x (scripts/bench.py tui --only decode), and text still flows smoothly to the eye.
+FRAME_SECONDS = 1 / 10
 WIDE = 100  # from this width the sessions panel shows unless the user hid it
 
 
-@dataclass(frozen=True)
-class ReplyFailed:
-    """The reply could not be generated; `reason` says why."""
-
-    reason: str
-
-
-class _End:
-    """The worker is done with this reply."""
-
-
-_END = _End()
-InboxItem = ReplyEvent | ReplyFailed | _End
-
-
-@runtime_checkable
-class ReportsWindow(Protocol):
-    """A backend that says where a resumed chat's window starts (index in its stored turns)."""
-
-    @property
-    def window_start(self) -> int | None: ...
-
-
-def merge_continued(turns: list[StoredTurn]) -> list[StoredTurn]:
-    """Stored turns with a continued reply shown once.
-
-    A continuation is stored as a new assistant message holding the whole reply so far; the
-    earlier, shorter copy is not shown.
-    """
-    out: list[StoredTurn] = []
-    for turn in turns:
-        prev = out[-1] if out else None
-        if (
-            prev is not None
-            and prev.role == turn.role == "assistant"
-            and turn.content.startswith(prev.content)
-        ):
-            out[-1] = turn
-        else:
-            out.append(turn)
-    return out
-
-
-def shown_index(turns: list[StoredTurn], index: int) -> int:
-    """Where stored turn `index` is in `merge_continued(turns)` (a continuation is its reply)."""
-    shown = -1
-    last: StoredTurn | None = None
-    for i, turn in enumerate(turns):
-        merged = (
-            last is not None
-            and last.role == turn.role == "assistant"
-            and turn.content.startswith(last.content)
-        )
-        if not merged:
-            shown += 1
-        last = turn
-        if i == index:
-            return shown
-    raise IndexError(index)
-
-
-def reply_footer(done: ReplyFinished) -> tuple[str, str]:
-    """The line under a finished reply, and its kind."""
-    stats = (
-        f"{done.completion_tokens} tokens · {done.tokens_per_second:,.1f} tok/s · "
-        f"TTFT {duration(done.ttft_ms)}"
-    )
-    if done.continues:
-        stats += f" · continued {done.continues}×"
-    if done.finish_reason == "length":
-        return f"{stats} · ✂ cut at the token limit: ctrl+r continues", "cut"
-    if done.finish_reason == "cancelled":
-        return f"{stats} · ■ stopped: ctrl+r continues", "stopped"
-    return stats, ""
-
-
-class ChatScreen(Screen[None]):
+class ChatScreen(SessionActions, VersionActions):
     """Chat with the loaded model."""
 
     AUTO_FOCUS = "#prompt"
+    COMMANDS = {VersionCommands}
 
     BINDINGS = [
         Binding("escape", "stop", "Stop", id="chat.stop"),
         Binding("ctrl+c", "interrupt", "Stop/quit", id="chat.interrupt", show=False, priority=True),
         Binding("ctrl+r", "continue_reply", "Continue", id="chat.continue"),
+        Binding("alt+r", "regenerate", "Regenerate", id="chat.regenerate", show=False),
+        Binding("alt+e", "edit_message", "Edit last", id="chat.edit", show=False),
+        Binding("alt+up", "focus_messages", "Messages", id="chat.messages", show=False),
         Binding("ctrl+n", "new_chat", "New chat", id="chat.new"),
         Binding("ctrl+s", "toggle_sessions", "Chats", id="chat.sessions"),
         Binding("ctrl+f", "search", "Search", id="chat.search", show=False),
@@ -192,7 +136,7 @@ class ChatScreen(Screen[None]):
         self.start_session = session_id
         self.system = system
         self.loaded = False
-        self.loading = False
+        self.model_loading = False
         self.streaming = False
         self.last_finish: str | None = None
         self.replies_finished = 0  # replies (and continuations) that ended, for tests and bench
@@ -208,10 +152,6 @@ class ChatScreen(Screen[None]):
         self._deleted: DeletedSession | None = None
         self._interrupt_at = 0.0
         self._search_notice_shown = False
-
-    @property
-    def lf_app(self) -> LocalfabApp:
-        return self.app  # type: ignore[return-value]
 
     # --- layout --------------------------------------------------------------------------------
 
@@ -258,7 +198,7 @@ class ChatScreen(Screen[None]):
     # --- loading -------------------------------------------------------------------------------
 
     def _begin_load(self) -> None:
-        self.loading = True
+        self.model_loading = True
         panel = self.query_one("#load-panel")
         panel.display = True
         self.query_one("#load-stage", Label).update(f"Loading {self.model_name}…")
@@ -310,13 +250,13 @@ class ChatScreen(Screen[None]):
         for notice in info.notices:
             self.notify(notice, title="Note", timeout=6)
         self.refresh_sessions()
-        self.loading = False
+        self.model_loading = False
         self.loaded = True
         self._show_context()
 
     @on(ModelLoadFailed)
     def _model_load_failed(self, event: ModelLoadFailed) -> None:
-        self.loading = False
+        self.model_loading = False
         self.query_one("#load-panel").display = False
         self.query_one(StatusBar).show_model(f"{self.model_name} (not loaded)", None, None)
         if event.cancelled:
@@ -326,7 +266,7 @@ class ChatScreen(Screen[None]):
 
     @on(Button.Pressed, "#load-cancel")
     def action_cancel_load(self) -> None:
-        if self.loading:
+        if self.model_loading:
             self._load_cancel.set()
             self.query_one("#load-stage", Label).update("Cancelling…")
 
@@ -335,23 +275,28 @@ class ChatScreen(Screen[None]):
     @on(PromptBox.Submitted)
     async def _submitted(self, event: PromptBox.Submitted) -> None:
         if not self.loaded:
-            why = "the model is still loading" if self.loading else "no model is loaded"
+            why = "the model is still loading" if self.model_loading else "no model is loaded"
             self.notify(f"Cannot send: {why}.", severity="warning")
             return
         if self.streaming:
             self.notify("A reply is still streaming: Esc stops it.", severity="warning")
             return
         event.prompt.remember(event.text)
+        if self._editing is not None:
+            await self._send_edit(event.text)
+            return
         event.prompt.load_text("")
         log = self.query_one("#chat-log", VerticalScroll)
         await self._drop_welcome()
-        await log.mount(MessageView("user", event.text))
-        self._reply = MessageView("assistant", status="generating")
-        await log.mount(self._reply)
+        self._user_view = ChatMessage("user", event.text)
+        self._reply = ChatMessage("assistant", status="generating")
+        await log.mount_all([self._user_view, self._reply])
         self._reply.start_stream()
-        self._start_reply(event.text)
+        backend, text = self.backend, event.text
+        assert backend is not None
+        self._start_reply(lambda cancel: backend.send(text, cancel=cancel))
 
-    def _start_reply(self, text: str | None) -> None:
+    def _start_reply(self, job: ReplyJob) -> None:
         self.streaming = True
         self._cancel = threading.Event()
         self._sent_at = time.monotonic()
@@ -361,17 +306,12 @@ class ChatScreen(Screen[None]):
         self.query_one(StatusBar).show_speed(None, None)
         assert self._timer is not None
         self._timer.resume()
-        self._generate(text, self._cancel)
+        self._generate(job, self._cancel)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
-    def _generate(self, text: str | None, cancel: threading.Event) -> None:
-        assert self.backend is not None
+    def _generate(self, job: ReplyJob, cancel: threading.Event) -> None:
         try:
-            if text is None:
-                events = self.backend.continue_reply(cancel=cancel)
-            else:
-                events = self.backend.send(text, cancel=cancel)
-            for event in events:
+            for event in job(cancel):
                 self._inbox.append(event)
         except LocalfabError as exc:
             self._inbox.append(ReplyFailed(str(exc)))
@@ -434,6 +374,7 @@ class ChatScreen(Screen[None]):
                 view.set_footer(f"✗ {item.reason}", kind="failed")
             self.notify(item.reason, title="Reply failed", severity="error", timeout=8)
         elif isinstance(item, _End):
+            self.label_new_messages()
             self.replies_finished += 1
             self.streaming = False
             if self._timer is not None:
@@ -449,13 +390,15 @@ class ChatScreen(Screen[None]):
     # --- actions -------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
-        """Stop the reply now, keeping what it wrote."""
+        """Stop the reply now, keeping what it wrote (else stop editing, or leave a message)."""
         if self.streaming:
             self._cancel.set()
             if self._reply is not None:
                 self._reply.set_footer("stopping…")
-        elif self.loading:
+        elif self.model_loading:
             self.action_cancel_load()
+        elif self._cancel_edit(clear=True) or isinstance(self.focused, ChatMessage):
+            self.query_one(PromptBox).focus()
 
     def action_interrupt(self) -> None:
         """Ctrl+C stops a reply; with no reply, a second Ctrl+C quits."""
@@ -478,7 +421,10 @@ class ChatScreen(Screen[None]):
             return
         self._reply.set_footer("continuing…")
         self._reply.start_stream()
-        self._start_reply(None)
+        backend = self.backend
+        assert backend is not None
+        self._user_view = None
+        self._start_reply(lambda cancel: backend.continue_reply(cancel=cancel))
 
     async def action_new_chat(self) -> None:
         if self.streaming or not self.loaded:
@@ -533,17 +479,9 @@ class ChatScreen(Screen[None]):
             self.notify,
             message,
             title="Copy",
-            severity=severity,  # type: ignore[arg-type]
+            severity=severity,
             timeout=4 if result.tool else 8,
         )
-
-    async def action_undo_delete(self) -> None:
-        if self._deleted is None:
-            return
-        self.lf_app.session_store.undelete(self._deleted)
-        self._deleted = None
-        self.refresh_sessions()
-        self.notify("Chat restored.")
 
     # --- sessions ------------------------------------------------------------------------------
 
@@ -559,16 +497,17 @@ class ChatScreen(Screen[None]):
     def _open_worker(self, session_id: int | None, message_id: int | None = None) -> None:
         assert self.backend is not None
         try:
+            if message_id is not None:
+                # A search hit may be in another version: the chat opens on the path through it.
+                self.lf_app.history.switch_to(message_id)
             turns = self.backend.open_session(session_id=session_id, system=self.system)
         except (LocalfabError, ValueError, OSError) as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error")
             return
         highlight = None
-        if session_id is not None and message_id is not None:
-            # The backend returns the stored messages in order, one turn each.
-            ids = [m.id for m in self.lf_app.history.messages(session_id)]
-            if message_id in ids and len(ids) == len(turns):
-                highlight = ids.index(message_id)
+        if message_id is not None:
+            ids = [t.message_id for t in turns]
+            highlight = ids.index(message_id) if message_id in ids else None
         start = self.backend.window_start if isinstance(self.backend, ReportsWindow) else None
         self.post_message(self.SessionOpened(turns, highlight, start))
 
@@ -591,6 +530,8 @@ class ChatScreen(Screen[None]):
         log = self.query_one("#chat-log", VerticalScroll)
         await log.remove_children()
         self._reply = None
+        self._user_view = None
+        self._cancel_edit(clear=True)
         self.last_finish = None
         prompt = self.query_one(PromptBox)
         prompt.earlier.clear()
@@ -598,7 +539,17 @@ class ChatScreen(Screen[None]):
         if not shown:
             await log.mount(Static(self._welcome(), id="welcome"))
         placed = [
-            MessageView(t.role, t.content, status=t.status) if t.content else None for t in shown
+            ChatMessage(
+                t.role,
+                t.content,
+                status=t.status,
+                message_id=t.message_id,
+                version=t.version,
+                versions=t.versions,
+            )
+            if t.content
+            else None
+            for t in shown
         ]
         views = [v for v in placed if v is not None]
         await log.mount_all(views)
@@ -630,119 +581,6 @@ class ChatScreen(Screen[None]):
     async def _drop_welcome(self) -> None:
         for welcome in self.query("#welcome"):
             await welcome.remove()
-
-    @on(SessionsPanel.OpenRequested)
-    def _open_requested(self, event: SessionsPanel.OpenRequested) -> None:
-        if self.streaming:
-            self.notify("Stop the reply (Esc) before switching chats.", severity="warning")
-            return
-        if not self.loaded:
-            self.notify("Load a model to resume a chat.", severity="warning")
-            return
-        self._open(event.session_id)
-
-    @on(SessionsPanel.RenameRequested)
-    def _rename_requested(self, event: SessionsPanel.RenameRequested) -> None:
-        def renamed(title: str | None) -> None:
-            if title is None:
-                return
-            try:
-                self.lf_app.session_store.rename(event.session_id, title)
-            except LocalfabError as exc:
-                self.notify(str(exc), severity="warning")
-            self.refresh_sessions()
-
-        self.app.push_screen(TextDialog("Rename chat", event.title), renamed)
-
-    @on(SessionsPanel.DeleteRequested)
-    def _delete_requested(self, event: SessionsPanel.DeleteRequested) -> None:
-        current = self.backend.session_id if self.backend is not None else None
-        if event.session_id == current:
-            self.notify("This chat is open: start a new one (Ctrl+N) first.", severity="warning")
-            return
-        try:
-            self._deleted = self.lf_app.session_store.delete(event.session_id)
-        except LocalfabError as exc:
-            self.notify(str(exc), severity="warning")
-            return
-        self.refresh_sessions()
-        self.notify("Chat deleted. Ctrl+Z brings it back.", timeout=6)
-
-    def action_search(self) -> None:
-        """Search every saved chat; the hit picked opens at its message."""
-
-        def picked(hit: SearchHit | None) -> None:
-            if hit is None:
-                return
-            if self.streaming:
-                self.notify("Stop the reply (Esc) before switching chats.", severity="warning")
-                return
-            if not self.loaded:
-                self.notify("Load a model to open a chat.", severity="warning")
-                return
-            self._open(hit.session_id, message_id=hit.message_id)
-
-        history = self.lf_app.history
-        if history.search_notice and not self._search_notice_shown:
-            self._search_notice_shown = True
-            self.notify(history.search_notice, title="Search", severity="warning", timeout=8)
-        self.app.push_screen(SearchScreen(self.lf_app.session_store), picked)
-
-    def _export_target(self, session_id: int | None) -> int | None:
-        if session_id is None:
-            session_id = self.query_one(SessionsPanel).selected_id()
-            if session_id is None and self.backend is not None:
-                session_id = self.backend.session_id
-        if session_id is None:
-            self.notify("There is no saved chat to export yet.", severity="warning")
-        return session_id
-
-    def action_export_chat(self, session_id: int | None = None) -> None:
-        """Export a chat (the one picked in the list, else the open one) to a file."""
-        target = self._export_target(session_id)
-        if target is None:
-            return
-
-        def chosen(path: str | None) -> None:
-            if not path or not path.strip():
-                return
-            try:
-                written = self.lf_app.session_store.export(target, Path(path.strip()))
-            except LocalfabError as exc:
-                self.notify(str(exc), title="Export", severity="error", timeout=8)
-                return
-            self.notify(f"Chat exported to {written}.", title="Export")
-
-        default = str(Path.cwd() / f"localfab-chat-{target}.md")
-        self.app.push_screen(
-            TextDialog("Export chat to a file (.md for Markdown, .json to import later)", default),
-            chosen,
-        )
-
-    def action_import_chat(self) -> None:
-        """Import a chat exported as JSON, as a new saved chat."""
-
-        def chosen(path: str | None) -> None:
-            if not path or not path.strip():
-                return
-            try:
-                session_id = self.lf_app.session_store.import_file(Path(path.strip()))
-            except LocalfabError as exc:
-                self.notify(str(exc), title="Import", severity="error", timeout=8)
-                return
-            self.refresh_sessions()
-            self.query_one(SessionsPanel).select(session_id)
-            self.notify("Chat imported: Enter in the list opens it.", title="Import")
-
-        self.app.push_screen(TextDialog("Import a chat from a JSON export", ""), chosen)
-
-    @on(SessionsPanel.ExportRequested)
-    def _export_requested(self, event: SessionsPanel.ExportRequested) -> None:
-        self.action_export_chat(event.session_id)
-
-    @on(SessionsPanel.ImportRequested)
-    def _import_requested(self) -> None:
-        self.action_import_chat()
 
     # --- quitting ------------------------------------------------------------------------------
 

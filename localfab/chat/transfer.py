@@ -1,0 +1,206 @@
+"""Chat sessions out of and into the history: Markdown to read, JSON to import again.
+
+Markdown holds the session's current path (one version of each message; a message with other
+versions says which one it is). JSON holds every version: each message names its parent by its
+place in the list, and the session names the message its current path ends at. Exports of
+version 1 (before versions existed: one linear list) still import, as one path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from localfab.errors import UsageError
+
+if TYPE_CHECKING:
+    from localfab.chat.history import History, StoredMessage, StoredSession
+
+EXPORT_FORMAT = "localfab-chat"
+EXPORT_VERSION = 2
+READS_VERSIONS = (1, 2)
+IMPORT_ROLES = ("system", "user", "assistant")
+# The statuses a stored message can have; `generating` imports as `interrupted`.
+IMPORT_STATUSES = ("complete", "length", "interrupted")
+HEADINGS = {"user": "You", "assistant": "Assistant", "system": "System"}
+
+
+def _stored(history: History, session_id: int) -> StoredSession:
+    session = history.session(session_id)
+    if session is None:
+        raise UsageError(f"there is no chat session {session_id}")
+    return session
+
+
+def _heading(m: StoredMessage) -> str:
+    heading = HEADINGS.get(m.role, m.role.title())
+    if m.status in ("length", "interrupted"):
+        heading += f" ({'cut at the token limit' if m.status == 'length' else 'interrupted'})"
+    if m.versions > 1:
+        heading += f" (version {m.version} of {m.versions})"
+    return heading
+
+
+def export_markdown(history: History, session_id: int) -> str:
+    """A session as Markdown: its title, model and system prompt, then its current path."""
+    session = _stored(history, session_id)
+    lines = [f"# {session.title or 'Chat'}", "", f"- Model: `{session.model}`"]
+    lines.append(f"- Started: {time.strftime('%Y-%m-%d %H:%M', time.localtime(session.created))}")
+    if session.system:
+        lines += ["", "## System", "", session.system]
+    for m in history.messages(session_id):
+        lines += ["", f"## {_heading(m)}", "", m.content]
+    return "\n".join(lines) + "\n"
+
+
+def export_json(history: History, session_id: int) -> str:
+    """A session as JSON, every version of every message, that `import_json` reads back."""
+    session = _stored(history, session_id)
+    with history._lock:
+        rows = history._db.execute(
+            "SELECT id, parent_id, role, content, status, continues, created, updated "
+            "FROM messages WHERE session_id=? ORDER BY seq",
+            (session_id,),
+        ).fetchall()
+        leaf = history._db.execute(
+            "SELECT leaf_id FROM sessions WHERE id=?", (session_id,)
+        ).fetchone()[0]
+    place = {row[0]: i for i, row in enumerate(rows)}
+    fields = ("role", "content", "status", "continues", "created", "updated")
+    messages = []
+    for row in rows:
+        message: dict[str, Any] = {"parent": place.get(row[1])}
+        message.update(zip(fields, row[2:], strict=True))
+        messages.append(message)
+    data = {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "session": {
+            "title": session.title,
+            "model": session.model,
+            "system": session.system,
+            "created": session.created,
+            "updated": session.updated,
+            "current": place.get(leaf),
+        },
+        "messages": messages,
+    }
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def _header(text: str) -> tuple[int, dict[str, Any], list[Any]]:
+    """The export's version, session object and messages list, checked."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"not a localfab chat export: invalid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise UsageError("not a localfab chat export: export a chat from localfab as JSON")
+    version = data.get("version")
+    if version not in READS_VERSIONS:
+        raise UsageError(
+            f"this chat export is version {version!r}; this localfab reads versions "
+            f"{', '.join(map(str, READS_VERSIONS))}: update localfab"
+        )
+    session, messages = data.get("session"), data.get("messages")
+    if not isinstance(session, dict) or not isinstance(messages, list):
+        raise UsageError("a chat export needs a 'session' object and a 'messages' list")
+    return int(version), session, messages
+
+
+def _time(value: object, default: float) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return default
+
+
+def _parent(m: dict[str, Any], i: int, version: int) -> int | None:
+    """Message i's parent (its place in the list): the one before it in a version 1 export."""
+    if version == 1:
+        return i - 1 if i > 0 else None
+    parent = m.get("parent")
+    if parent is None:
+        return None
+    if not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < i:
+        raise UsageError(
+            f"message {i + 1} of the chat export names parent {parent!r}: a parent must be an "
+            "earlier message's place in the list (from 0), or null"
+        )
+    return parent
+
+
+def _row(m: object, i: int, version: int, now: float) -> tuple[Any, ...]:
+    """(parent place, role, content, status, continues, created, updated) of message i."""
+    if (
+        not isinstance(m, dict)
+        or m.get("role") not in IMPORT_ROLES
+        or not isinstance(m.get("content"), str)
+    ):
+        raise UsageError(
+            f"message {i + 1} of the chat export needs a role ({', '.join(IMPORT_ROLES)}) "
+            "and text content"
+        )
+    status = m.get("status", "complete")
+    if status not in IMPORT_STATUSES:
+        status = "interrupted" if status == "generating" else "complete"
+    continues = m.get("continues", 0)
+    created = _time(m.get("created"), now)
+    return (
+        _parent(m, i, version),
+        m["role"],
+        m["content"],
+        status,
+        continues if isinstance(continues, int) and not isinstance(continues, bool) else 0,
+        created,
+        _time(m.get("updated"), created),
+    )
+
+
+def _current(session: dict[str, Any], count: int, version: int) -> int | None:
+    """The place of the message the imported session's current path ends at."""
+    if not count:
+        return None
+    current = session.get("current") if version >= 2 else None
+    if isinstance(current, int) and not isinstance(current, bool) and 0 <= current < count:
+        return current
+    return count - 1
+
+
+def import_json(history: History, text: str) -> int:
+    """Store an exported session (JSON from `export_json`) as a new session; returns its id."""
+    version, session, messages = _header(text)
+    now = time.time()
+    rows = [_row(m, i, version, now) for i, m in enumerate(messages)]
+
+    def text_or_none(value: object) -> str | None:
+        return value if isinstance(value, str) else None
+
+    model = text_or_none(session.get("model")) or "imported"
+    created = _time(session.get("created"), now)
+    current = _current(session, len(rows), version)
+    with history._write() as db:
+        cur = db.execute(
+            "INSERT INTO sessions (created, updated, model, system, title) VALUES (?, ?, ?, ?, ?)",
+            (
+                created,
+                now,
+                model,
+                text_or_none(session.get("system")),
+                text_or_none(session.get("title")),
+            ),
+        )
+        session_id = int(cur.lastrowid or 0)
+        ids: list[int] = []
+        for seq, (parent, *fields) in enumerate(rows):
+            cur = db.execute(
+                "INSERT INTO messages (session_id, seq, parent_id, role, content, status, "
+                "continues, created, updated, chosen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, seq, None if parent is None else ids[parent], *fields, fields[-2]),
+            )
+            ids.append(int(cur.lastrowid or 0))
+        leaf = None if current is None else ids[current]
+        db.execute("UPDATE sessions SET leaf_id=? WHERE id=?", (leaf, session_id))
+    if leaf is not None:
+        history.switch_to(leaf)  # the current path's messages are the ones chosen last
+    return session_id

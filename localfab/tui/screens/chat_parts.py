@@ -1,0 +1,137 @@
+"""The chat screen's pieces that need no screen: inbox items, stored turns as shown, footers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from textual.screen import Screen
+
+from localfab.tui.backend import ChatBackend, ReplyEvent, ReplyFinished, StoredTurn
+from localfab.tui.widgets.messages import MessageView
+from localfab.tui.widgets.status import duration
+
+if TYPE_CHECKING:
+    from localfab.tui.app import LocalfabApp
+    from localfab.tui.sessions import DeletedSession
+
+# A reply to stream: given the cancel event, the backend's events.
+ReplyJob = Callable[[threading.Event], Iterator[ReplyEvent]]
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """The reply could not be generated; `reason` says why."""
+
+    reason: str
+
+
+class _End:
+    """The worker is done with this reply."""
+
+
+_END = _End()
+InboxItem = ReplyEvent | ReplyFailed | _End
+
+
+@runtime_checkable
+class ReportsWindow(Protocol):
+    """A backend that says where a resumed chat's window starts (index in its stored turns)."""
+
+    @property
+    def window_start(self) -> int | None: ...
+
+
+def merge_continued(turns: list[StoredTurn]) -> list[StoredTurn]:
+    """Stored turns with a continued reply shown once.
+
+    A continuation is stored as a new assistant message holding the whole reply so far; the
+    earlier, shorter copy is not shown.
+    """
+    out: list[StoredTurn] = []
+    for turn in turns:
+        prev = out[-1] if out else None
+        if (
+            prev is not None
+            and prev.role == turn.role == "assistant"
+            and turn.content.startswith(prev.content)
+        ):
+            out[-1] = turn
+        else:
+            out.append(turn)
+    return out
+
+
+def shown_index(turns: list[StoredTurn], index: int) -> int:
+    """Where stored turn `index` is in `merge_continued(turns)` (a continuation is its reply)."""
+    shown = -1
+    last: StoredTurn | None = None
+    for i, turn in enumerate(turns):
+        merged = (
+            last is not None
+            and last.role == turn.role == "assistant"
+            and turn.content.startswith(last.content)
+        )
+        if not merged:
+            shown += 1
+        last = turn
+        if i == index:
+            return shown
+    raise IndexError(index)
+
+
+def reply_footer(done: ReplyFinished) -> tuple[str, str]:
+    """The line under a finished reply, and its kind."""
+    stats = (
+        f"{done.completion_tokens} tokens · {done.tokens_per_second:,.1f} tok/s · "
+        f"TTFT {duration(done.ttft_ms)}"
+    )
+    if done.continues:
+        stats += f" · continued {done.continues}×"
+    if done.finish_reason == "length":
+        return f"{stats} · ✂ cut at the token limit: ctrl+r continues", "cut"
+    if done.finish_reason == "cancelled":
+        return f"{stats} · ■ stopped: ctrl+r continues", "stopped"
+    return stats, ""
+
+
+class ChatHost(Screen[None]):
+    """What the chat screen's parts (`SessionActions`, `VersionActions`) use of the screen.
+
+    `ChatScreen` defines each of these; the parts live in their own modules to keep the screen
+    readable, and inherit this so that they are typed against the screen they belong to.
+    """
+
+    backend: ChatBackend | None
+    loaded: bool
+    streaming: bool
+    _reply: MessageView | None
+    _deleted: DeletedSession | None
+    _search_notice_shown: bool
+
+    @property
+    def lf_app(self) -> LocalfabApp:
+        return self.app  # type: ignore[return-value]
+
+    def refresh_sessions(self) -> None:
+        raise NotImplementedError
+
+    def _open(self, session_id: int | None, *, message_id: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _start_reply(self, job: ReplyJob) -> None:
+        raise NotImplementedError
+
+    def _show_context(self) -> None:
+        raise NotImplementedError
+
+    async def _show_turns(
+        self,
+        turns: list[StoredTurn],
+        *,
+        highlight: int | None = None,
+        window_start: int | None = None,
+    ) -> None:
+        raise NotImplementedError

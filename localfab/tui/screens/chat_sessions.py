@@ -1,0 +1,137 @@
+"""The chat screen's saved-chat actions: open, rename, delete and undo, search, export, import.
+
+A mixin of `ChatScreen` (its methods take the screen as `self`); the sessions panel's messages
+are handled here by name (`on_sessions_panel_...`), as Textual finds such handlers on every
+class of the screen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localfab.chat.history import SearchHit
+from localfab.errors import LocalfabError
+from localfab.tui.screens.chat_parts import ChatHost
+from localfab.tui.screens.search import SearchScreen
+from localfab.tui.widgets.dialogs import TextDialog
+from localfab.tui.widgets.sessions import SessionsPanel
+
+
+class SessionActions(ChatHost):
+    """Saved chats, as the chat screen offers them."""
+
+    async def action_undo_delete(self) -> None:
+        if self._deleted is None:
+            return
+        self.lf_app.session_store.undelete(self._deleted)
+        self._deleted = None
+        self.refresh_sessions()
+        self.notify("Chat restored.")
+
+    def on_sessions_panel_open_requested(self, event: SessionsPanel.OpenRequested) -> None:
+        if self.streaming:
+            self.notify("Stop the reply (Esc) before switching chats.", severity="warning")
+            return
+        if not self.loaded:
+            self.notify("Load a model to resume a chat.", severity="warning")
+            return
+        self._open(event.session_id)
+
+    def on_sessions_panel_rename_requested(self, event: SessionsPanel.RenameRequested) -> None:
+        def renamed(title: str | None) -> None:
+            if title is None:
+                return
+            try:
+                self.lf_app.session_store.rename(event.session_id, title)
+            except LocalfabError as exc:
+                self.notify(str(exc), severity="warning")
+            self.refresh_sessions()
+
+        self.app.push_screen(TextDialog("Rename chat", event.title), renamed)
+
+    def on_sessions_panel_delete_requested(self, event: SessionsPanel.DeleteRequested) -> None:
+        current = self.backend.session_id if self.backend is not None else None
+        if event.session_id == current:
+            self.notify("This chat is open: start a new one (Ctrl+N) first.", severity="warning")
+            return
+        try:
+            self._deleted = self.lf_app.session_store.delete(event.session_id)
+        except LocalfabError as exc:
+            self.notify(str(exc), severity="warning")
+            return
+        self.refresh_sessions()
+        self.notify("Chat deleted. Ctrl+Z brings it back.", timeout=6)
+
+    def action_search(self) -> None:
+        """Search every saved chat; the hit picked opens at its message."""
+
+        def picked(hit: SearchHit | None) -> None:
+            if hit is None:
+                return
+            if self.streaming:
+                self.notify("Stop the reply (Esc) before switching chats.", severity="warning")
+                return
+            if not self.loaded:
+                self.notify("Load a model to open a chat.", severity="warning")
+                return
+            self._open(hit.session_id, message_id=hit.message_id)
+
+        history = self.lf_app.history
+        if history.search_notice and not self._search_notice_shown:
+            self._search_notice_shown = True
+            self.notify(history.search_notice, title="Search", severity="warning", timeout=8)
+        self.app.push_screen(SearchScreen(self.lf_app.session_store), picked)
+
+    def _export_target(self, session_id: int | None) -> int | None:
+        if session_id is None:
+            session_id = self.query_one(SessionsPanel).selected_id()
+            if session_id is None and self.backend is not None:
+                session_id = self.backend.session_id
+        if session_id is None:
+            self.notify("There is no saved chat to export yet.", severity="warning")
+        return session_id
+
+    def action_export_chat(self, session_id: int | None = None) -> None:
+        """Export a chat (the one picked in the list, else the open one) to a file."""
+        target = self._export_target(session_id)
+        if target is None:
+            return
+
+        def chosen(path: str | None) -> None:
+            if not path or not path.strip():
+                return
+            try:
+                written = self.lf_app.session_store.export(target, Path(path.strip()))
+            except LocalfabError as exc:
+                self.notify(str(exc), title="Export", severity="error", timeout=8)
+                return
+            self.notify(f"Chat exported to {written}.", title="Export")
+
+        default = str(Path.cwd() / f"localfab-chat-{target}.md")
+        self.app.push_screen(
+            TextDialog("Export chat to a file (.md for Markdown, .json to import later)", default),
+            chosen,
+        )
+
+    def action_import_chat(self) -> None:
+        """Import a chat exported as JSON, as a new saved chat."""
+
+        def chosen(path: str | None) -> None:
+            if not path or not path.strip():
+                return
+            try:
+                session_id = self.lf_app.session_store.import_file(Path(path.strip()))
+            except LocalfabError as exc:
+                self.notify(str(exc), title="Import", severity="error", timeout=8)
+                return
+            self.refresh_sessions()
+            self.query_one(SessionsPanel).select(session_id)
+            self.notify("Chat imported: Enter in the list opens it.", title="Import")
+
+        self.app.push_screen(TextDialog("Import a chat from a JSON export", ""), chosen)
+
+    def on_sessions_panel_export_requested(self, event: SessionsPanel.ExportRequested) -> None:
+        self.action_export_chat(event.session_id)
+
+    def on_sessions_panel_import_requested(self) -> None:
+        self.action_import_chat()
