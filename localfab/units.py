@@ -45,6 +45,18 @@ def format_bytes(n: float, *, precise: bool = False) -> str:
     return f"{n:.0f} B"
 
 
+def format_duration(seconds: float | None) -> str:
+    """A time left or taken, as progress lines show it: `42s`, `3m07s`, `1h05m`; `--` unknown."""
+    if seconds is None:
+        return "--"
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
 @dataclass(frozen=True)
 class SamplingDefaults:
     """Sampling defaults with llama.cpp's values; the engine, config and server all read these."""

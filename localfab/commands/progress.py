@@ -7,22 +7,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from localfab.commands.models import human_size
+from localfab.units import format_duration
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from localfab.hub import DownloadProgress
-
-
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "--"
-    s = int(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 class ProgressLine:
@@ -79,7 +69,7 @@ class ProgressLine:
         if p.stage == "verify":
             return "hashing" if bar else f"  {amount}  hashing"
         speed = f"{human_size(int(p.speed))}/s" if p.speed else "--/s"
-        rate = f"{speed}  ETA {human_duration(p.eta)}"
+        rate = f"{speed}  ETA {format_duration(p.eta)}"
         return rate if bar else f"  {amount}  {rate}"
 
     def _start_bar(self) -> None:

@@ -1,12 +1,29 @@
-"""The models the app can open: local models with their size, quant and fit on this machine."""
+"""The models the app can open and get: local models with their fit, the curated catalog, pulls.
+
+The models screen talks to two small interfaces: `ModelSource` (the local list and its fit
+verdicts) and `ModelActions` (the catalog, fit before download, pulls, removal). `LocalModels`
+implements both on the real store and hub; tests give the screen fakes. Nothing here imports
+textual, and the hub, the planner and the GGUF reader are imported only when first used.
+"""
 
 from __future__ import annotations
 
+import glob
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from localfab.config import Paths
+from localfab.errors import LocalfabError
+from localfab.tui.downloads import PullCancelled, PullQueue
+from localfab.units import format_bytes
+
+if TYPE_CHECKING:
+    from localfab.catalog import CatalogEntry
+    from localfab.hub import DownloadProgress
+    from localfab.store import Store
 
 
 @dataclass(frozen=True)
@@ -21,6 +38,27 @@ class ModelRow:
     path: Path | None = None
 
 
+@dataclass(frozen=True)
+class CatalogRow:
+    """One curated model as the catalog lists it, with what this machine already holds of it."""
+
+    name: str
+    title: str
+    size: str
+    params: str
+    context: str
+    license: str
+    note: str
+    repo: str
+    local: str | None = None  # the name it is registered under, once downloaded
+    kept: int = 0  # bytes of an unfinished download, which the next pull resumes from
+
+    def matches(self, text: str) -> bool:
+        """Whether every word of the filter is in the name, title, repo, params or note."""
+        hay = " ".join((self.name, self.title, self.repo, self.params, self.note)).casefold()
+        return all(word in hay for word in text.casefold().split())
+
+
 class ModelSource(Protocol):
     """Where the models screen gets its rows and fit verdicts (a fake in tests)."""
 
@@ -31,21 +69,57 @@ class ModelSource(Protocol):
         ...
 
 
+@runtime_checkable
+class ModelActions(Protocol):
+    """The catalog, fit before download, pulls and removal (a fake in pilot tests).
+
+    Every method but `downloads` may be slow or touch the network: call it in a worker. Errors
+    are `LocalfabError`s whose message says what to do.
+    """
+
+    @property
+    def downloads(self) -> PullQueue:
+        """The app's download queue (it outlives the models screen)."""
+        ...
+
+    def catalog(self) -> list[CatalogRow]: ...
+
+    def remote_fit(self, row: CatalogRow) -> str:
+        """The fit verdict for a catalog model, from its GGUF header read on the hub."""
+        ...
+
+    def removal_question(self, name: str) -> str:
+        """What removing `name` would do, as a yes/no question."""
+        ...
+
+    def remove(self, name: str) -> str:
+        """Remove `name`; returns what was done."""
+        ...
+
+
 class LocalModels:
-    """Registered and built-in models from the store, judged by the planner."""
+    """Registered and built-in models from the store, judged by the planner; the curated
+    catalog with fit verdicts read from the hub; pulls through `localfab.hub`."""
 
     def __init__(self, paths: Paths) -> None:
         from localfab.commands.models import FitJudge
 
         self.paths = paths
         self._judge = FitJudge()
+        self._queue: PullQueue | None = None
+        self._remote_fits: dict[str, str] = {}
+        self._probe = threading.Lock()  # the screen judges several catalog models at once
+
+    def _store(self) -> Store:
+        from localfab.store import Store
+
+        return Store(self.paths)
 
     def rows(self) -> list[ModelRow]:
         from localfab.commands.models import human_age, human_size
-        from localfab.store import Store
 
         out = []
-        for e in Store(self.paths).list():
+        for e in self._store().list():
             size = human_size(e.size) if e.present else "missing"
             if e.source == "embedded" and not e.present:
                 size = "built in"
@@ -65,3 +139,117 @@ class LocalModels:
         if row.path is None:
             return None
         return self._judge(row.path)
+
+    # the catalog --------------------------------------------------------------------------------
+    def catalog(self) -> list[CatalogRow]:
+        from localfab.catalog import load_catalog
+
+        store = self._store()
+        have = {
+            (e.repo, e.files[0].name): e.name
+            for e in store.list()
+            if e.repo and e.files and e.present
+        }
+        return [
+            catalog_row(c, local=have.get((c.repo, c.files[0])), kept=kept_bytes(store, c))
+            for c in load_catalog()
+        ]
+
+    def remote_fit(self, row: CatalogRow) -> str:
+        cached = self._remote_fits.get(row.name)
+        if cached is not None:
+            return cached
+        from localfab.commands.models import summarise_plan
+        from localfab.facts import read_facts
+        from localfab.hub import open_remote
+        from localfab.plan import Wishes, plan
+
+        with self._probe:
+            machine = self._judge.machine()
+        if machine is None:
+            raise LocalfabError(
+                "this machine's memory could not be probed, so no fit can be judged: "
+                "`localfab plan MODEL` says why"
+            )
+        remote = open_remote(row.name)
+        verdict = summarise_plan(plan(read_facts(remote.sources[0]), machine, Wishes()))
+        self._remote_fits[row.name] = verdict
+        return verdict
+
+    # pulls and removal --------------------------------------------------------------------------
+    @property
+    def downloads(self) -> PullQueue:
+        if self._queue is None:
+            self._queue = PullQueue(self.pull)
+        return self._queue
+
+    def pull(
+        self,
+        name: str,
+        progress: Callable[[DownloadProgress], None],
+        cancel: threading.Event,
+    ) -> str:
+        """Download `name` into the store as `localfab pull` does; returns what was pulled."""
+        from localfab.hub import Hub, HubConfig
+
+        if cancel.is_set():
+            raise PullCancelled(f"the download of {name} was cancelled")
+        result = Hub(HubConfig.from_env()).pull(name, store=self._store(), progress=progress)
+        entry = result.entry
+        size = format_bytes(entry.size, precise=True) if entry.size else "?"
+        if result.already_present:
+            return f"{entry.name} is already here ({size})"
+        check = "sha256 verified" if result.verified else "size checked: no sha256 published"
+        resumed = (
+            f", resumed from {format_bytes(result.resumed, precise=True)}" if result.resumed else ""
+        )
+        return f"pulled {entry.name}: {size} ({check}{resumed})"
+
+    def removal_question(self, name: str) -> str:
+        entry = self._store().get(name)
+        if entry is None:
+            return f"forget {name}?"
+        if not entry.owned:
+            return f"Forget {entry.name}? The file stays at {entry.path}."
+        size = f"{format_bytes(entry.size, precise=True)} of files" if entry.size else "its files"
+        return f"Remove {entry.name} and delete {size}?"
+
+    def remove(self, name: str) -> str:
+        removed = self._store().remove(name)
+        if removed.kept:
+            return f"forgot {removed.name}; the file stays at {removed.kept[0]}"
+        return f"removed {removed.name}, freed {format_bytes(removed.bytes_freed, precise=True)}"
+
+
+def catalog_row(c: CatalogEntry, *, local: str | None = None, kept: int = 0) -> CatalogRow:
+    """A catalog entry as the screen lists it."""
+    ctx = c.context_length
+    return CatalogRow(
+        name=c.name,
+        title=c.title,
+        size=f"~{format_bytes(c.size_bytes, precise=True)}",
+        params=c.params,
+        context=f"{ctx // 1024}k" if ctx >= 1024 else str(ctx),
+        license=c.license,
+        note=c.note,
+        repo=c.repo,
+        local=local,
+        kept=kept,
+    )
+
+
+def kept_bytes(store: Store, c: CatalogEntry) -> int:
+    """Bytes of unfinished downloads of the entry's files (a pull resumes from them)."""
+    from localfab.store import PARTIAL_DIR
+
+    folder = store.repo_dir(c.repo) / PARTIAL_DIR
+    if not folder.is_dir():
+        return 0
+    total = 0
+    for file in c.files:
+        for partial in folder.glob(f"{glob.escape(file)}.*.partial"):
+            try:
+                total += partial.stat().st_size
+            except OSError:
+                continue
+    return total

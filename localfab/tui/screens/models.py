@@ -1,28 +1,103 @@
-"""The models screen: local models with size, quant, architecture, last use and fit; Enter chats."""
+"""The models screen: local models with their fit, the curated catalog with fit before download,
+pulls with progress and a queue, removal, and "chat with this".
+
+The local list comes from a `ModelSource`; the catalog, pulls and removal from `ModelActions`
+(when the source offers them). Everything slow (fit verdicts, header reads on the hub, the store)
+runs in workers; downloads run on the app-wide `PullQueue`, so they go on when the screen closes.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label, Static
+from textual.widgets import DataTable, Footer, Input, Label, Static, TabbedContent, TabPane
+from textual.worker import get_current_worker
 
-from localfab.tui.models import ModelRow, ModelSource
+from localfab.errors import LocalfabError
+from localfab.tui.downloads import PullJob
+from localfab.tui.models import CatalogRow, ModelActions, ModelRow, ModelSource
+from localfab.tui.widgets.confirm import ConfirmDialog
+from localfab.tui.widgets.pulls import PullsPanel
+from localfab.units import format_bytes
 
 COLUMNS = ("Name", "Size", "Quant", "Arch", "Fit", "Last used")
+CATALOG_COLUMNS = ("Name", "Size", "Params", "Context", "Fit", "Status")
+# Columns whose cells change after the row is drawn keep one width ("20/29 GPU 32k",
+# "10.0 MiB kept"), so the table does not jump as verdicts and progress arrive.
+WIDTHS = {"Fit": 13, "Status": 13}
+CHECKING = "checking…"
+UNCHECKED = "can't check"
+# Header reads on the hub at once while judging the catalog's fit.
+FIT_THREADS = 4
+
+Command = tuple[str, str, Callable[[], object]]
+
+
+class ModelsCommands(Provider):
+    """The models screen's actions in the command palette."""
+
+    def _commands(self) -> list[Command]:
+        screen = self.screen
+        return screen.palette_commands() if isinstance(screen, ModelsScreen) else []
+
+    async def discover(self) -> Hits:
+        for name, help_text, callback in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text, callback in self._commands():
+            if (score := matcher.match(name)) > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
 
 
 class ModelsScreen(Screen[None]):
-    """Pick a model to chat with."""
+    """Local models to chat with, the catalog to download from, and the downloads."""
+
+    DEFAULT_CSS = """
+    ModelsScreen #models-tabs {
+        height: 1fr;
+    }
+    ModelsScreen TabPane {
+        padding: 0;
+        height: 1fr;
+    }
+    ModelsScreen #catalog-table {
+        height: 1fr;
+    }
+    ModelsScreen #catalog-filter {
+        margin: 1 1 0 1;
+    }
+    ModelsScreen #catalog-detail {
+        color: $text-muted;
+        padding: 0 1;
+        height: auto;
+        max-height: 4;
+    }
+    ModelsScreen #catalog-detail.-error {
+        color: $text-error;
+    }
+    """
 
     BINDINGS = [
         Binding("escape", "back", "Back", id="models.back"),
-        Binding("ctrl+r", "reload", "Reload", id="models.reload"),
+        Binding("ctrl+r", "reload", "Reload", id="models.reload", show=False),
+        Binding("l", "show_local", "Local", id="models.local", show=False),
+        Binding("c", "show_catalog", "Catalog", id="models.catalog"),
+        Binding("slash", "filter", "Filter", id="models.filter", show=False),
+        Binding("p", "pull", "Pull", id="models.pull"),
+        Binding("x", "cancel_pull", "Cancel pull", id="models.cancel"),
+        Binding("delete,d", "remove", "Remove", id="models.remove"),
     ]
+    COMMANDS = {ModelsCommands}
 
     @dataclass
     class ModelChosen(Message):
@@ -39,29 +114,108 @@ class ModelsScreen(Screen[None]):
         name: str
         verdict: str
 
-    def __init__(self, source: ModelSource) -> None:
+    @dataclass
+    class CatalogLoaded(Message):
+        rows: list[CatalogRow]
+        error: str = ""
+
+    @dataclass
+    class CatalogFitJudged(Message):
+        name: str
+        verdict: str
+        error: str = ""
+
+    @dataclass
+    class PullChanged(Message):
+        """A download changed (progress, start, end); newer news of one job replaces older."""
+
+        job: PullJob
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, ModelsScreen.PullChanged) and message.job.id == self.job.id
+
+    @dataclass
+    class Removed(Message):
+        name: str
+        message: str
+        error: bool = False
+
+    def __init__(self, source: ModelSource, actions: ModelActions | None = None) -> None:
         super().__init__()
         self.source = source
+        if actions is None and isinstance(source, ModelActions):
+            actions = source
+        self.actions = actions
         self.rows: list[ModelRow] = []
+        self.catalog_rows: list[CatalogRow] = []
+        self.catalog_fits: dict[str, str] = {}
+        self.catalog_errors: dict[str, str] = {}
+        self._fits_started = False
+        self._listed = False
+        self._unsubscribe: Callable[[], None] | None = None
 
+    # layout -------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield Label("Models on this machine", id="models-title")
-        yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
-        yield Static(
-            "Enter chats with the model · `localfab pull NAME` downloads one · "
-            "`localfab list --catalog` shows the curated ones",
-            id="models-hint",
-        )
+        yield Label("Models", id="models-title")
+        with TabbedContent(id="models-tabs", initial="local-pane"):
+            with TabPane("On this machine", id="local-pane"):
+                yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
+                yield Static(self._local_hint(), id="models-hint")
+            with TabPane("Catalog", id="catalog-pane", disabled=self.actions is None):
+                yield Input(
+                    placeholder="Filter: name, family, size or use (/)",
+                    id="catalog-filter",
+                    compact=True,
+                )
+                yield DataTable(id="catalog-table", cursor_type="row", zebra_stripes=True)
+                yield Static("", id="catalog-detail", markup=False)
+        yield PullsPanel(id="pulls")
         yield Footer()
 
-    def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for column in COLUMNS:
-            table.add_column(column, key=column.lower())
-        self.action_reload()
+    def _local_hint(self) -> str:
+        if self.actions is None:
+            return "Enter chats with the model · `localfab pull NAME` downloads one"
+        return "Enter chats with the model · Del removes it · C: the catalog, to download more"
 
+    def on_mount(self) -> None:
+        table = self.query_one("#models-table", DataTable)
+        for column in COLUMNS:
+            table.add_column(column, key=column.lower(), width=WIDTHS.get(column))
+        catalog = self.query_one("#catalog-table", DataTable)
+        for column in CATALOG_COLUMNS:
+            catalog.add_column(column, key=column.lower(), width=WIDTHS.get(column))
+        self._refresh_lists()
+        if self.actions is not None:
+            queue = self.actions.downloads
+            panel = self.query_one(PullsPanel)
+            for job in queue.jobs():
+                panel.show(job)
+            self._unsubscribe = queue.subscribe(self._queue_changed)
+
+    def _queue_changed(self, job: PullJob) -> None:
+        """From the download thread: pass the news to the event loop."""
+        self.post_message(self.PullChanged(job))
+
+    def on_unmount(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    # local models -------------------------------------------------------------------------------
     def action_reload(self) -> None:
+        """Read both lists again, and check again the fits that could not be checked."""
+        self._refresh_lists()
+        if self.actions is not None and self._fits_started:
+            retry = [r for r in self.catalog_rows if r.name in self.catalog_errors]
+            for row in retry:
+                self._set_catalog_cell(row.name, "fit", CHECKING)
+            if retry:
+                self._check_fits(retry)
+
+    def _refresh_lists(self) -> None:
         self._load_rows()
+        if self.actions is not None:
+            self._load_catalog()
 
     @work(thread=True, exclusive=True, group="models", exit_on_error=False)
     def _load_rows(self) -> None:
@@ -77,29 +231,403 @@ class ModelsScreen(Screen[None]):
     @on(RowsLoaded)
     def _rows_loaded(self, event: RowsLoaded) -> None:
         self.rows = event.rows
-        table = self.query_one(DataTable)
+        table = self.query_one("#models-table", DataTable)
+        keep = self._cursor_key(table)
         table.clear()
         for r in event.rows:
             table.add_row(r.name, r.size, r.quant, r.arch, "…", r.last_used, key=r.name)
+        self._restore_cursor(table, keep)
+        hint = self.query_one("#models-hint", Static)
         if not event.rows:
-            self.query_one("#models-hint", Static).update(
-                "No models yet: `localfab pull qwen2.5:1.5b` downloads one, "
+            hint.update(
+                "No models yet: C opens the catalog to download one, "
                 "`localfab add FILE.gguf` registers a file you have."
             )
-        table.focus()
+        else:
+            hint.update(self._local_hint())
+        first, self._listed = not self._listed, True
+        if first and not event.rows and self.actions is not None:
+            self.action_show_catalog()  # nothing here yet: the catalog is where to start
+        elif self._tab() == "local-pane":
+            table.focus()
 
     @on(FitJudged)
     def _fit_judged(self, event: FitJudged) -> None:
-        table = self.query_one(DataTable)
+        table = self.query_one("#models-table", DataTable)
         if event.name in {str(k.value) for k in table.rows}:
             table.update_cell(event.name, "fit", event.verdict)
 
-    @on(DataTable.RowSelected)
+    @on(DataTable.RowSelected, "#models-table")
     def _selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
         if event.row_key.value is not None:
             self.post_message(self.ModelChosen(str(event.row_key.value)))
 
+    # the catalog --------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="catalog", exit_on_error=False)
+    def _load_catalog(self) -> None:
+        assert self.actions is not None
+        try:
+            rows = self.actions.catalog()
+        except LocalfabError as exc:
+            self.post_message(self.CatalogLoaded([], str(exc)))
+            return
+        self.post_message(self.CatalogLoaded(rows))
+
+    @on(CatalogLoaded)
+    def _catalog_loaded(self, event: CatalogLoaded) -> None:
+        self.catalog_rows = event.rows
+        if event.error:
+            self._detail(event.error, error=True)
+        self._fill_catalog()
+        if self._tab() == "catalog-pane":
+            self._start_fit_checks()
+
+    def _visible_catalog(self) -> list[CatalogRow]:
+        text = self.query_one("#catalog-filter", Input).value
+        return [r for r in self.catalog_rows if r.matches(text)]
+
+    def _fill_catalog(self) -> None:
+        table = self.query_one("#catalog-table", DataTable)
+        keep = self._cursor_key(table)
+        table.clear()
+        for row in self._visible_catalog():
+            fit = self.catalog_fits.get(row.name, CHECKING if self._fits_started else "")
+            table.add_row(
+                row.name, row.size, row.params, row.context, fit, self._status(row), key=row.name
+            )
+        self._restore_cursor(table, keep)
+        self._show_detail()
+
+    def _start_fit_checks(self) -> None:
+        if self._fits_started or self.actions is None or not self.catalog_rows:
+            return
+        self._fits_started = True
+        self._fill_catalog()
+        self._check_fits(list(self.catalog_rows))
+
+    @work(thread=True, group="catalog-fit", exit_on_error=False)
+    def _check_fits(self, rows: list[CatalogRow]) -> None:
+        """Judge each catalog model's fit from its header on the hub; errors stay per row."""
+        assert self.actions is not None
+        actions = self.actions
+        worker = get_current_worker()
+
+        def judge(row: CatalogRow) -> None:
+            if worker.is_cancelled:
+                return
+            try:
+                verdict, error = actions.remote_fit(row), ""
+            except LocalfabError as exc:
+                verdict, error = UNCHECKED, str(exc)
+            except Exception as exc:  # noqa: BLE001 - one row's failure never breaks the list
+                verdict, error = UNCHECKED, f"{type(exc).__name__}: {exc}"
+            self.post_message(self.CatalogFitJudged(row.name, verdict, error))
+
+        with ThreadPoolExecutor(max_workers=FIT_THREADS) as pool:
+            list(pool.map(judge, rows))
+
+    @on(CatalogFitJudged)
+    def _catalog_fit_judged(self, event: CatalogFitJudged) -> None:
+        self.catalog_fits[event.name] = event.verdict
+        if event.error:
+            self.catalog_errors[event.name] = event.error
+        else:
+            self.catalog_errors.pop(event.name, None)
+        self._set_catalog_cell(event.name, "fit", event.verdict)
+        if self._catalog_key() == event.name:
+            self._show_detail()
+
+    def _set_catalog_cell(self, name: str, column: str, value: str) -> None:
+        table = self.query_one("#catalog-table", DataTable)
+        if name in {str(k.value) for k in table.rows}:
+            table.update_cell(name, column, value)
+
+    @on(Input.Changed, "#catalog-filter")
+    def _filtered(self) -> None:
+        self._fill_catalog()
+
+    @on(Input.Submitted, "#catalog-filter")
+    def _filter_done(self) -> None:
+        self.query_one("#catalog-table", DataTable).focus()
+
+    @on(DataTable.RowHighlighted, "#catalog-table")
+    def _catalog_highlighted(self) -> None:
+        self._show_detail()
+
+    @on(DataTable.RowSelected, "#catalog-table")
+    def _catalog_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        row = self._catalog_row()
+        if row is not None and row.local:
+            self.post_message(self.ModelChosen(row.local))
+        else:
+            self.action_pull()
+
+    def _show_detail(self) -> None:
+        row = self._catalog_row()
+        if row is None:
+            if not self.catalog_rows:
+                return
+            self._detail("No catalog model matches the filter.")
+            return
+        error = self.catalog_errors.get(row.name)
+        if error:
+            self._detail(f"{row.name}: {error}", error=True)
+            return
+        job = self._latest_job(row.name)
+        if job is not None and job.state == "failed":
+            self._detail(f"{row.name}: {job.message}", error=True)
+            return
+        here = f" · here as {row.local} (Enter chats)" if row.local else " · Enter downloads it"
+        self._detail(f"{row.title} · {row.repo} · {row.license}{here}\n{row.note}")
+
+    def _detail(self, text: str, *, error: bool = False) -> None:
+        detail = self.query_one("#catalog-detail", Static)
+        detail.update(text)
+        detail.set_class(error, "-error")
+
+    # downloads ----------------------------------------------------------------------------------
+    def _latest_job(self, name: str) -> PullJob | None:
+        if self.actions is None:
+            return None
+        jobs = [j for j in self.actions.downloads.jobs() if j.name == name]
+        return jobs[-1] if jobs else None
+
+    def _status(self, row: CatalogRow) -> str:
+        job = self._latest_job(row.name)
+        if job is not None and job.state == "queued":
+            return "queued"
+        if job is not None and job.state == "running":
+            p = job.progress
+            return f"{100 * p.done / p.total:.0f}%" if p and p.total else "starting"
+        if row.local:
+            return "here"
+        if job is not None and job.state in ("failed", "cancelled"):
+            return job.state
+        if row.kept:
+            return f"{format_bytes(row.kept, precise=True)} kept"
+        return ""
+
+    def action_pull(self) -> None:
+        """Download the catalog model under the cursor (queued behind any running pull)."""
+        if self.actions is None:
+            self.notify("Downloads need the catalog: `localfab pull NAME`.", severity="warning")
+            return
+        row = self._catalog_row() if self._tab() == "catalog-pane" else None
+        if row is None:
+            self.action_show_catalog()
+            self.notify("Choose a model in the catalog, then press P or Enter.", timeout=4)
+            return
+        if row.local:
+            self.notify(f"{row.name} is already here as {row.local}: Enter opens a chat with it.")
+            return
+        try:
+            self.actions.downloads.add(row.name)
+        except LocalfabError as exc:
+            self.notify(str(exc), severity="warning")
+
+    def action_cancel_pull(self) -> None:
+        """Cancel the pull of the catalog model under the cursor, else the running one."""
+        if self.actions is None:
+            return
+        queue = self.actions.downloads
+        row = self._catalog_row() if self._tab() == "catalog-pane" else None
+        if row is not None and queue.active(row.name) is not None:
+            queue.cancel(row.name)
+            return
+        running = [j for j in queue.jobs() if j.state == "running"]
+        if running:
+            queue.cancel(running[0].name)
+        else:
+            self.notify("No download is running.", timeout=3)
+
+    @on(PullsPanel.CancelPressed)
+    def _cancel_pressed(self, event: PullsPanel.CancelPressed) -> None:
+        if self.actions is not None:
+            self.actions.downloads.cancel(event.name)
+
+    @on(PullChanged)
+    def _pull_changed(self, event: PullChanged) -> None:
+        job = event.job
+        self.query_one(PullsPanel).show(job)
+        self.refresh_bindings()
+        row = next((r for r in self.catalog_rows if r.name == job.name), None)
+        if row is not None:
+            self._set_catalog_cell(row.name, "status", self._status(row))
+            if self._catalog_key() == row.name:
+                self._show_detail()
+        if job.state == "done":
+            self.notify(job.message, title="Download finished", timeout=6)
+            self._refresh_lists()
+        elif job.state == "failed":
+            self.notify(
+                job.message, title=f"Could not pull {job.name}", severity="error", timeout=15
+            )
+        elif job.state == "cancelled":
+            self.notify(f"{job.name}: {job.message}", timeout=5)
+
+    def action_clear_downloads(self) -> None:
+        if self.actions is not None:
+            self.actions.downloads.clear_finished()
+        self.query_one(PullsPanel).clear_finished()
+
+    # removal ------------------------------------------------------------------------------------
+    def action_remove(self) -> None:
+        """Remove the local model under the cursor, after a confirmation."""
+        if self._tab() != "local-pane":
+            self.notify("Removal works on the models on this machine (L shows them).", timeout=4)
+            return
+        if self.actions is None:
+            self.notify("Remove models with `localfab rm NAME`.", severity="warning")
+            return
+        name = self._cursor_key(self.query_one("#models-table", DataTable))
+        if name is None:
+            return
+        self._ask_removal(name)
+
+    @work(thread=True, group="remove", exit_on_error=False)
+    def _ask_removal(self, name: str) -> None:
+        assert self.actions is not None
+        try:
+            question = self.actions.removal_question(name)
+        except LocalfabError as exc:
+            self.post_message(self.Removed(name, str(exc), error=True))
+            return
+        if name == getattr(self.app, "model_name", None):
+            question += " It is open in the chat, which keeps working until you switch models."
+        self.app.call_from_thread(self._confirm_removal, name, question)
+
+    def _confirm_removal(self, name: str, question: str) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._remove(name)
+
+        self.app.push_screen(ConfirmDialog(f"Remove {name}", question), answered)
+
+    @work(thread=True, group="remove", exit_on_error=False)
+    def _remove(self, name: str) -> None:
+        assert self.actions is not None
+        try:
+            self.post_message(self.Removed(name, self.actions.remove(name)))
+        except LocalfabError as exc:
+            self.post_message(self.Removed(name, str(exc), error=True))
+        except OSError as exc:
+            self.post_message(
+                self.Removed(name, f"could not delete the files of {name}: {exc}", error=True)
+            )
+
+    @on(Removed)
+    def _removed(self, event: Removed) -> None:
+        if event.error:
+            self.notify(event.message, title=f"Could not remove {event.name}", severity="error")
+        else:
+            self.notify(event.message, timeout=6)
+        self._refresh_lists()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Show each key only where it does something (the footer follows the tab)."""
+        if action in ("pull", "show_catalog", "filter", "remove", "cancel_pull"):
+            if self.actions is None:
+                return False
+            if action == "pull":
+                return self._tab() == "catalog-pane"
+            if action == "remove":
+                return self._tab() == "local-pane"
+            if action == "cancel_pull":
+                return any(not j.finished for j in self.actions.downloads.jobs())
+        return True
+
+    # tabs and focus -----------------------------------------------------------------------------
+    def _tab(self) -> str:
+        tabs = self.query(TabbedContent)
+        return tabs.first().active if tabs else "local-pane"
+
+    def action_show_local(self) -> None:
+        self.query_one(TabbedContent).active = "local-pane"
+        self.query_one("#models-table", DataTable).focus()
+
+    def action_show_catalog(self) -> None:
+        if self.actions is None:
+            self.notify("The catalog is not available here: `localfab list --catalog`.")
+            return
+        self.query_one(TabbedContent).active = "catalog-pane"
+        self.query_one("#catalog-table", DataTable).focus()
+        self._start_fit_checks()
+
+    def action_filter(self) -> None:
+        if self.actions is None:
+            return
+        self.query_one(TabbedContent).active = "catalog-pane"
+        self.query_one("#catalog-filter", Input).focus()
+        self._start_fit_checks()
+
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()
+        if event.pane.id == "catalog-pane":
+            self._start_fit_checks()
+
+    def action_chat(self) -> None:
+        """Chat with the local model under the cursor (or the catalog model, once here)."""
+        if self._tab() == "catalog-pane":
+            row = self._catalog_row()
+            name = row.local if row is not None else None
+        else:
+            name = self._cursor_key(self.query_one("#models-table", DataTable))
+        if name:
+            self.post_message(self.ModelChosen(name))
+        else:
+            self.notify("Choose a model that is on this machine first.", timeout=4)
+
     def action_back(self) -> None:
+        if self.focused is self.query_one("#catalog-filter", Input):
+            self.query_one("#catalog-table", DataTable).focus()
+            return
         if len(self.app.screen_stack) > 2:
             self.app.pop_screen()
+
+    def palette_commands(self) -> list[Command]:
+        commands: list[Command] = [
+            ("Chat with this model", "Open the chat on the selected model", self.action_chat),
+            ("Show local models", "The models on this machine", self.action_show_local),
+            ("Reload models", "Read the model list again", self.action_reload),
+        ]
+        if self.actions is not None:
+            commands += [
+                ("Show catalog", "Curated models to download, with fit", self.action_show_catalog),
+                ("Filter catalog", "Type to narrow the catalog", self.action_filter),
+                ("Pull model", "Download the selected catalog model", self.action_pull),
+                ("Cancel download", "Stop the selected or running pull", self.action_cancel_pull),
+                ("Remove model", "Delete the selected local model", self.action_remove),
+                (
+                    "Clear finished downloads",
+                    "Tidy the downloads list",
+                    self.action_clear_downloads,
+                ),
+            ]
+        return commands
+
+    # cursor helpers -----------------------------------------------------------------------------
+    @staticmethod
+    def _cursor_key(table: DataTable[object]) -> str | None:
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return None if key is None else str(key)
+
+    @staticmethod
+    def _restore_cursor(table: DataTable[object], key: str | None) -> None:
+        if key is None:
+            return
+        try:
+            table.move_cursor(row=table.get_row_index(key), animate=False)
+        except Exception:  # noqa: BLE001 - the row went away: the cursor stays where it is
+            return
+
+    def _catalog_key(self) -> str | None:
+        return self._cursor_key(self.query_one("#catalog-table", DataTable))
+
+    def _catalog_row(self) -> CatalogRow | None:
+        key = self._catalog_key()
+        return next((r for r in self.catalog_rows if r.name == key), None)
