@@ -100,6 +100,21 @@ class Config:
     theme: str = field(
         default="", metadata={"doc": "the terminal app's theme by name; empty: localfab-dark"}
     )
+    ledger: bool = field(
+        default=True,
+        metadata={
+            "doc": "record every reply's figures (never its text) in the usage ledger "
+            "(localfab stats); false turns it off"
+        },
+    )
+    keys: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata={
+            "doc": "the terminal app's keys by action id, from the [keys] table of config.toml "
+            '(stop = "ctrl+x", or "chat.stop" = "ctrl+x"; several keys: "f2,ctrl+e"); '
+            "not settable from the environment"
+        },
+    )
 
     @classmethod
     def load(cls, paths: Paths, env: Mapping[str, str] | None = None) -> Config:
@@ -119,7 +134,8 @@ class Config:
                     f"{paths.config_file} is not valid TOML ({exc}): fix or delete it"
                 ) from exc
             sources = {name: str(paths.config_file) for name in values}
-        known = {f.name: f for f in fields(cls)}
+        keys = parse_keys(values.pop("keys", {}), where=str(paths.config_file))
+        known = {f.name: f for f in fields(cls) if f.name != "keys"}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise UsageError(
@@ -138,12 +154,40 @@ class Config:
             value = _convert(name, raw, type(getattr(config, name)), where)
             _check_range(name, value, where)
             converted[name] = value
-        return replace(config, **converted)
+        return replace(config, keys=keys, **converted)
+
+
+def parse_keys(raw: Any, *, where: str = "config.toml") -> tuple[tuple[str, str], ...]:
+    """The [keys] table as (action id, keys) pairs, in the file's order.
+
+    Dotted ids may be written quoted ("chat.stop" = ...) or as nested tables ([keys.chat]);
+    both give "chat.stop". Only the shape is checked here: whether an id names an action and
+    whether a key name exists is for the app to say (it knows its actions and keys).
+    """
+    if not isinstance(raw, dict):
+        raise UsageError(
+            f'{where}: keys must be a table of action ids and key names ([keys] stop = "ctrl+x"), '
+            f"not {raw!r}"
+        )
+    out: list[tuple[str, str]] = []
+    for name, value in raw.items():
+        if isinstance(value, dict):
+            out += [(f"{name}.{n}", v) for n, v in parse_keys(value, where=where)]
+        elif isinstance(value, str) and value.strip():
+            out.append((str(name), value.strip()))
+        else:
+            raise UsageError(
+                f'{where}: keys.{name} must be key names such as "ctrl+x" or "f2,ctrl+e", '
+                f"not {value!r}"
+            )
+    return tuple(out)
 
 
 def check_setting(name: str, raw: Any, *, where: str = "config.toml") -> Any:
     """One setting's value converted and checked as `Config.load` does; `UsageError` if not."""
-    known = {f.name: f for f in fields(Config)}
+    known = {f.name: f for f in fields(Config) if f.name != "keys"}
+    if name == "keys":
+        raise UsageError(f"{where}: keys are set in the [keys] table of config.toml")
     if name not in known:
         raise UsageError(f"{where}: unknown setting {name}; known: {', '.join(known)}")
     value = _convert(name, raw, type(getattr(Config(), name)), where)
@@ -158,6 +202,9 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     text = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{text}"'
+
+
+_TABLE_HEADER = re.compile(r"^\s*\[")
 
 
 def save_settings(paths: Paths, changes: Mapping[str, Any]) -> Config:
@@ -179,11 +226,15 @@ def save_settings(paths: Paths, changes: Mapping[str, Any]) -> Config:
     for name, value in checked.items():
         line = f"{name} = {_toml_value(value)}"
         pattern = re.compile(rf"^\s*{re.escape(name)}\s*=")
-        at = next((i for i, old in enumerate(lines) if pattern.match(old)), None)
-        if at is None:
-            lines.append(line)
-        else:
+        # Settings live above the first table ([keys]); a line below it belongs to the table.
+        top = next((i for i, old in enumerate(lines) if _TABLE_HEADER.match(old)), len(lines))
+        at = next((i for i, old in enumerate(lines[:top]) if pattern.match(old)), None)
+        if at is not None:
             lines[at] = line
+        elif top < len(lines):
+            lines.insert(top, line)
+        else:
+            lines.append(line)
     new_text = "\n".join(lines) + "\n"
     tomllib.loads(new_text)  # what was written must read back
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -213,6 +264,8 @@ _FLASH_ATTN = ("auto", "on", "off")
 def _convert(name: str, raw: Any, kind: type, where: str) -> Any:
     """`raw` (TOML value or environment string) as `kind`, refusing lossy or non-finite values."""
     shown = raw if isinstance(raw, str) else repr(raw)
+    if kind is bool:
+        return _convert_bool(name, raw, shown, where)
     if isinstance(raw, bool | dict | list):
         raise UsageError(f"{where}: {name} must be a {_KIND_WORDS[kind]}, not {shown}")
     try:
@@ -239,7 +292,20 @@ _KIND_WORDS: dict[type, str] = {
     int: "whole number",
     float: "finite number",
     str: "string",
+    bool: "true or false",
 }
+
+
+def _convert_bool(name: str, raw: Any, shown: str, where: str) -> bool:
+    """A TOML boolean, or an environment word: 1/true/yes/on, 0/false/no/off."""
+    if isinstance(raw, bool):
+        return raw
+    word = str(raw).strip().lower() if isinstance(raw, str) else ""
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"{where}: {name} must be true or false, not {shown}")
 
 
 def _check_range(name: str, value: Any, where: str) -> None:

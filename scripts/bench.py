@@ -394,20 +394,23 @@ def tui_first_paint(model: Path, *, runs: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as home:
         env = {"LOCALFAB_HOME": home}
         _fill_history(default_paths(env).sessions_db, sessions=1000, messages_per_session=4)
-        name = f"lf-bench-{os.getpid()}"
-        for _ in range(runs):
+        for i in range(runs):
+            # A tmux server of its own for each run: other tmux users may restart the default
+            # one, and a server that is still shutting down refuses new sessions.
+            name = f"lf-bench-{os.getpid()}-{i}"
+            tmux = ["tmux", "-L", name]
             subprocess.run(
-                ["tmux", "new-session", "-d", "-s", name, "-x", "100", "-y", "30", "sleep 60"],
+                [*tmux, "new-session", "-d", "-s", name, "-x", "100", "-y", "30", "sleep 60"],
                 check=True,
             )
             try:
                 command = f"env LOCALFAB_HOME={home} TERM=xterm-256color {exe} chat {model}"
                 t0 = time.perf_counter()
-                subprocess.run(["tmux", "respawn-pane", "-k", "-t", name, command], check=True)
+                subprocess.run([*tmux, "respawn-pane", "-k", "-t", name, command], check=True)
                 first_any: float | None = None
                 while time.perf_counter() - t0 < 30:
                     pane = subprocess.run(
-                        ["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True
+                        [*tmux, "capture-pane", "-p", "-t", name], capture_output=True, text=True
                     ).stdout
                     if first_any is None and pane.strip():
                         first_any = time.perf_counter() - t0
@@ -419,7 +422,7 @@ def tui_first_paint(model: Path, *, runs: int) -> dict[str, Any]:
                 else:
                     raise RuntimeError(f"no frame painted in 30 s; the pane shows:\n{pane}")
             finally:
-                subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+                subprocess.run([*tmux, "kill-server"], capture_output=True)
     return {
         "first_frame_any_s": statistics.median(anything),
         "first_paint_s": statistics.median(times),

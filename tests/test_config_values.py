@@ -160,3 +160,18 @@ def test_engine_refuses_bad_thread_counts_and_takes_minus_one_as_auto(model_path
         assert engine.n_threads >= 1 and engine.n_threads_batch == engine.n_threads
     finally:
         engine.close()
+
+
+def test_the_ledger_setting_is_a_boolean_from_the_file_or_the_environment(paths: Paths) -> None:
+    assert Config.load(paths, env={}).ledger is True
+    write_config(paths, "ledger = false\n")
+    assert Config.load(paths, env={}).ledger is False
+    assert Config.load(paths, env={"LOCALFAB_LEDGER": "on"}).ledger is True
+    assert Config.load(paths, env={"LOCALFAB_LEDGER": "0"}).ledger is False
+    with pytest.raises(
+        UsageError, match="LOCALFAB_LEDGER: ledger must be true or false, not maybe"
+    ):
+        Config.load(paths, env={"LOCALFAB_LEDGER": "maybe"})
+    write_config(paths, 'ledger = "yes please"\n')
+    with pytest.raises(UsageError, match="ledger must be true or false"):
+        Config.load(paths, env={})

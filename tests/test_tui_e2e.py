@@ -11,6 +11,7 @@ import pytest
 
 from localfab.chat.history import History
 from localfab.config import Config, default_paths
+from localfab.ledger import Ledger, rows_to_dicts
 from localfab.tui.app import make_app
 from localfab.tui.backend import ChatOptions, LocalBackend, model_loader
 from localfab.tui.widgets.messages import MessageView
@@ -26,8 +27,13 @@ async def test_chat_on_the_real_model_streams_and_is_saved(model_path, tmp_path)
     paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
     history = History(paths.sessions_db)
     loader = model_loader(str(model_path), paths, Config(), ctx_size=1024)
+    ledger_file = paths.data_dir / "ledger.sqlite3"
     backend = LocalBackend(
-        loader, history, model_path.name, ChatOptions(max_tokens=24, max_continues=0)
+        loader,
+        history,
+        model_path.name,
+        ChatOptions(max_tokens=24, max_continues=0),
+        ledger_file=ledger_file,
     )
     app = make_app(backend=backend, history=history, model_name=model_path.name)
     try:
@@ -45,8 +51,13 @@ async def test_chat_on_the_real_model_streams_and_is_saved(model_path, tmp_path)
             assert [m.role for m in stored] == ["user", "assistant"]
             assert stored[1].content == replies[0].text
     finally:
-        backend.close()
+        backend.close()  # writes the ledger's queued rows
         history.close()
+    # The reply's figures are in the usage ledger; its text and the prompt are not.
+    rows = rows_to_dicts(Ledger(ledger_file).rows())
+    assert [r["frontend"] for r in rows] == ["chat"]
+    assert rows[0]["generated_tokens"] > 0 and rows[0]["n_ctx"] == 1024
+    assert b"The sea is" not in ledger_file.read_bytes()
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -61,3 +72,6 @@ def test_tui_check_script_runs_the_real_app_in_tmux(tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "OK" in out.stdout
+    # `localfab chat` records its replies in the ledger of its home folder.
+    rows = Ledger(tmp_path / "home" / "data" / "ledger.sqlite3").rows()
+    assert [r["frontend"] for r in rows_to_dicts(rows)] == ["chat"]

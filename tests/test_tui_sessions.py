@@ -17,7 +17,7 @@ from localfab.tui.screens.chat import ReportsWindow, StoredTurn, shown_index
 from localfab.tui.screens.search import SearchScreen
 from localfab.tui.widgets.dialogs import TextDialog
 from localfab.tui.widgets.messages import MessageView
-from localfab.tui.widgets.sessions import ResumeDivider, SessionItem, SessionsPanel
+from localfab.tui.widgets.sessions import PAGE, ResumeDivider, SessionItem, SessionsPanel
 from tests.tui_support import FIXED_NOW, build_app, loaded, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -286,3 +286,32 @@ async def test_arrow_keys_pick_another_hit(history):
         ids = [m.id for m in history.messages(wanted.session_id)]
         views = list(chat.query(MessageView))
         assert views[ids.index(wanted.message_id)].has_class("search-hit")
+
+
+async def test_a_thousand_chats_are_listed_lazily_and_the_right_one_resumes(history):
+    for i in range(1000):
+        sid = history.create_session(model="fake-model")
+        history.add_message(sid, "user", f"question number {i}")
+        history.add_message(sid, "assistant", f"answer number {i}")
+    target = history.sessions()[900]
+    app, _ = build_app(history)
+    async with app.run_test(size=(120, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        panel = chat.query_one(SessionsPanel)
+        await wait_for(pilot, lambda: len(panel.sessions) == 1000)
+        # Only a page of items is mounted; the title says how many there are.
+        await wait_for(pilot, lambda: len(panel.query(SessionItem)) == PAGE)
+        assert "1,000" in str(panel.query_one(".panel-title").render())
+        # Walking down the list mounts more as the end comes near.
+        panel.query_one("#sessions-list").focus()
+        for _ in range(PAGE):
+            await pilot.press("down")
+        await wait_for(pilot, lambda: len(panel.query(SessionItem)) > PAGE)
+        # A chat far down the list is picked and opens.
+        panel.select(target.id)
+        await wait_for(pilot, lambda: panel.selected_id() == target.id)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.backend.session_id == target.id)
+        await wait_for(pilot, lambda: len(chat.query(MessageView)) == 2)
+        texts = [v.text for v in chat.query(MessageView)]
+        assert texts == ["question number 99", "answer number 99"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from localfab.chat.history import History
-from localfab.tui.app import LocalfabApp, make_app
+from localfab.tui.app import KeymapSpec, LocalfabApp, make_app
 from localfab.tui.backend import ChatOptions, LocalBackend
 from localfab.tui.fake import FakeEngine, fake_loader
 from localfab.tui.screens.chat import ChatScreen
@@ -31,6 +31,7 @@ def build_app(
     theme: str | None = None,
     themes_dir: Path | None = None,
     clock_now: float | None = None,
+    keymap: KeymapSpec | None = None,
 ) -> tuple[LocalfabApp, FakeEngine]:
     engine = engine or FakeEngine()
     loader = fake_loader(engine, steps=steps, step_delay=step_delay, fail=fail)
@@ -43,6 +44,7 @@ def build_app(
         theme=theme,
         themes_dir=themes_dir,
         clock_now=clock_now,
+        keymap=keymap,
     )
     return app, engine
 

@@ -109,7 +109,9 @@ def open_app(
         # The settings screen may have saved new settings since the app started.
         now = app.config if app is not None else config
         loader = model_loader(name, paths, now, ctx_size=ctx_size, wishes=wishes)
-        return LocalBackend(loader, history, name, options(now))
+        # Each reply's figures go to the usage ledger unless the settings turn it off.
+        ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None
+        return LocalBackend(loader, history, name, options(now), ledger_file=ledger)
 
     def facts_for(name: str) -> ModelFacts:
         return read_facts(Store(paths).resolve(name))
@@ -130,6 +132,7 @@ def open_app(
         system=system,
         theme=theme or config.theme or None,
         themes_dir=paths.themes_dir,
+        keymap=config.keys,
     )
     try:
         app.run()

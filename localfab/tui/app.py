@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from textual import on
@@ -24,6 +24,10 @@ from localfab.tui.screens.models import ModelsScreen
 from localfab.tui.screens.settings import SettingsScreen
 from localfab.tui.sessions import SessionStore
 from localfab.tui.themes import DEFAULT_DARK, load_themes
+from localfab.tui.widgets.keymap import binding_ids, check_keymap
+
+# Keys by action id: a mapping, or (id, keys) pairs as config.toml's [keys] table gives them.
+KeymapSpec = Mapping[str, str] | Sequence[tuple[str, str]]
 
 
 class LocalfabApp(App[None]):
@@ -50,7 +54,7 @@ class LocalfabApp(App[None]):
         theme: str | None = None,
         themes_dir: Path | None = None,
         clock_now: float | None = None,
-        keymap: dict[str, str] | None = None,
+        keymap: KeymapSpec | None = None,
         notices: tuple[str, ...] = (),
         models: ModelSource | None = None,
         backend_factory: Callable[..., ChatBackend] | None = None,
@@ -83,8 +87,16 @@ class LocalfabApp(App[None]):
             self.theme = wanted
         elif theme:
             self.theme_problems += (f"theme {theme!r} is not installed",)
+        self.key_problems: tuple[str, ...] = ()
+        self.remapped_keys: frozenset[str] = frozenset()  # keys the user gave to actions
         if keymap:
-            self.set_keymap(keymap)
+            pairs = keymap.items() if isinstance(keymap, Mapping) else keymap
+            checked = check_keymap(pairs, binding_ids())
+            self.key_problems = checked.problems
+            self.set_keymap(checked.keys)
+            self.remapped_keys = frozenset(
+                key.strip() for keys in self._keymap.values() for key in keys.split(",")
+            )
 
     def on_mount(self) -> None:
         self.push_screen(
@@ -99,6 +111,8 @@ class LocalfabApp(App[None]):
             self.push_screen(ModelsScreen(self.models))
         for problem in self.theme_problems:
             self.notify(problem, title="Theme", severity="warning", timeout=8)
+        for problem in self.key_problems:
+            self.notify(problem, title="Keys (config.toml)", severity="warning", timeout=12)
         for notice in self.start_notices:
             self.notify(notice, severity="error", timeout=15)
 
@@ -224,7 +238,7 @@ def make_app(
     theme: str | None = None,
     themes_dir: Path | None = None,
     clock_now: float | None = None,
-    keymap: dict[str, str] | None = None,
+    keymap: KeymapSpec | None = None,
     notices: tuple[str, ...] = (),
     models: ModelSource | None = None,
     backend_factory: Callable[..., ChatBackend] | None = None,

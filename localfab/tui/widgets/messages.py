@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.dom import DOMNode
+from textual.errors import NoWidget
+from textual.geometry import Region
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
-from textual.widgets.markdown import MarkdownFence, MarkdownStream
+from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from localfab.tui.clipboard import code_blocks
 
@@ -26,30 +36,127 @@ class ShiftDivider(Static):
         self.tokens = tokens
 
 
+FREEZE_AFTER = 8  # top-level blocks the open segment holds before its finished ones freeze
+
+
+class ParkedSegment(Widget):
+    """A frozen segment far from the view, kept as its text and its height.
+
+    One widget with nothing inside stands in for the segment's blocks, so the blocks of a long
+    reply that scrolled away cost nothing per frame. The first time it is painted (the user
+    scrolled to it) it asks to be turned back into Markdown.
+    """
+
+    @dataclass
+    class Shown(Message):
+        """A parked segment came into view."""
+
+        segment: ParkedSegment
+
+    def __init__(self, source: str, height: int, *, segment_classes: str) -> None:
+        super().__init__(classes="parked")
+        self.source = source
+        self.segment_classes = segment_classes
+        self.styles.width = "1fr"
+        self.styles.height = height
+        self._asked = False
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        if not self._asked:
+            self._asked = True
+            self.post_message(self.Shown(self))
+        return super().render_lines(crop)
+
+
+Part = Markdown | ParkedSegment
+
+
+class ReplyDocument:
+    """A message's Markdown read as one document, across its segments."""
+
+    def __init__(self, parts: list[Part]) -> None:
+        self.parts = parts
+
+    @property
+    def source(self) -> str:
+        return "".join(part.source for part in self.parts)
+
+    @property
+    def children(self) -> list[Widget]:
+        """The Markdown blocks on screen (parked segments have none), first to last."""
+        return [b for part in self.parts if isinstance(part, Markdown) for b in part.children]
+
+
+def split_point(blocks: Sequence[Widget]) -> int | None:
+    """Where a segment's blocks can be cut so that the two halves render as the whole does.
+
+    The last block is the open one (more text may still change it), so the cut is before it or
+    earlier. Within one Markdown widget the gap between two blocks is the larger of their
+    margins; across two segments it is their sum, so a cut is allowed only before a block with
+    no top margin (a paragraph, list, table or rule; not a heading, quote or code block).
+    """
+    for k in range(len(blocks) - 1, 0, -1):
+        if blocks[k].styles.margin.top == 0:
+            return k
+    return None
+
+
 class MessageView(Vertical):
-    """One message: who said it, and its text as Markdown (streamed for replies)."""
+    """One message: who said it, and its text as Markdown (streamed for replies).
+
+    A streaming reply is a column of Markdown segments. Only the last one, the open segment,
+    takes new text; once it holds more than `FREEZE_AFTER` blocks, its finished blocks move to a
+    frozen segment of their own that is never touched again, and a frozen segment that is more
+    than a screen away from the view is parked (see `ParkedSegment`). The cost of a batch of
+    tokens therefore stays flat however long the reply grows, where one Markdown widget
+    re-lays out and re-styles every block it holds for each batch.
+    """
+
+    # The segments stack as one document (structure, not looks).
+    DEFAULT_CSS = """
+    MessageView > .body {
+        height: auto;
+    }
+    """
 
     def __init__(self, role: str, text: str = "", *, status: str = "complete") -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
         self._initial = text
         self.status = status
-        self._stream: MarkdownStream | None = None
         self.text = text
+        self._stream_pending: list[str] = []
+        self._stream_wake = asyncio.Event()
+        self._stream_stopping = False
+        self._stream_task: asyncio.Task[None] | None = None
+        self._width = 0
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
-        yield Markdown(self._initial, classes="body")
+        with Vertical(classes="body"):
+            yield Markdown(self._initial, classes="segment")
         yield Label("", classes="reply-footer")
 
     @property
-    def markdown(self) -> Markdown:
-        return self.query_one(".body", Markdown)
+    def segments(self) -> list[Markdown]:
+        """The Markdown segments, first to last (one unless a long reply streamed)."""
+        return list(self.query_one(".body", Vertical).query_children(Markdown))
+
+    @property
+    def parts(self) -> list[Part]:
+        """The segments, parked or not, first to last."""
+        body = self.query_one(".body", Vertical)
+        return [p for p in body.children if isinstance(p, Markdown | ParkedSegment)]
+
+    @property
+    def markdown(self) -> ReplyDocument:
+        return ReplyDocument(self.parts)
 
     def start_stream(self) -> None:
         """Begin streaming into this message (new text is appended, never re-rendered)."""
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.markdown)
+        if self._stream_task is None:
+            self._stream_stopping = False
+            self._stream_task = asyncio.create_task(self._stream_run(), name="message stream")
         self.add_class("streaming")
 
     async def write(self, text: str) -> None:
@@ -57,17 +164,94 @@ class MessageView(Vertical):
         if not text:
             return
         self.text += text
-        if self._stream is None:
+        if self._stream_task is None:
             self.start_stream()
-        assert self._stream is not None
-        await self._stream.write(text)
+        self._stream_pending.append(text)
+        self._stream_wake.set()
+        await asyncio.sleep(0)  # let the stream task take it
 
     async def end_stream(self) -> None:
         """Finish streaming: everything written is on screen when this returns."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        if self._stream_task is not None:
+            self._stream_stopping = True
+            self._stream_wake.set()
+            task, self._stream_task = self._stream_task, None
+            await task
         self.remove_class("streaming")
+
+    async def _stream_run(self) -> None:
+        """Append what was written, a batch at a time, freezing finished blocks as it goes."""
+        while True:
+            await self._stream_wake.wait()
+            self._stream_wake.clear()
+            text = "".join(self._stream_pending)
+            self._stream_pending.clear()
+            if text and self.is_attached:
+                await self.segments[-1].append(text)
+                await self._freeze_finished()
+                await self._park_far_segments()
+            if self._stream_stopping and not self._stream_pending:
+                return
+
+    async def _freeze_finished(self) -> None:
+        """Move the open segment's finished blocks into a frozen segment before it."""
+        body = self.query_one(".body", Vertical)
+        open_segment = self.segments[-1]
+        blocks = list(open_segment.query_children(MarkdownBlock))
+        if len(blocks) <= FREEZE_AFTER:
+            return
+        k = split_point(blocks)
+        if k is None:
+            return
+        lines = open_segment.source.splitlines(keepends=True)
+        cut = blocks[k].source_range[0]
+        frozen, rest = "".join(lines[:cut]), "".join(lines[cut:])
+        with self.app.batch_update():
+            await body.mount(Markdown(frozen, classes="segment frozen"), before=open_segment)
+            await open_segment.update(rest)
+
+    async def _park_far_segments(self) -> None:
+        """Park the frozen segments that are more than a screen away from the view."""
+        body = self.query_one(".body", Vertical)
+        screen = self.screen
+        for segment in self.segments[:-1]:
+            try:
+                geometry = screen.find_widget(segment)
+            except NoWidget:  # not laid out yet
+                continue
+            region, clip = geometry.region, geometry.clip
+            near = Region(clip.x, clip.y - clip.height, clip.width, clip.height * 3)
+            if not region or near.overlaps(region):
+                continue
+            parked = ParkedSegment(
+                segment.source,
+                region.height,
+                segment_classes=" ".join(sorted(segment.classes)),
+            )
+            with self.app.batch_update():
+                await body.mount(parked, before=segment)
+                await segment.remove()
+
+    async def _unpark(self, parked: ParkedSegment) -> None:
+        body = self.query_one(".body", Vertical)
+        if parked.parent is not body:
+            return
+        with self.app.batch_update():
+            await body.mount(Markdown(parked.source, classes=parked.segment_classes), before=parked)
+            await parked.remove()
+
+    @on(ParkedSegment.Shown)
+    async def _parked_shown(self, event: ParkedSegment.Shown) -> None:
+        event.stop()
+        await self._unpark(event.segment)
+
+    async def on_resize(self, event: events.Resize) -> None:
+        # Parked heights hold for the width they were measured at: bring them all back.
+        if event.size.width != self._width:
+            self._width = event.size.width
+            for part in self.parts:
+                if isinstance(part, ParkedSegment):
+                    await self._unpark(part)
 
     def set_footer(self, text: str, *, kind: str = "") -> None:
         footer = self.query_one(".reply-footer", Label)
@@ -78,10 +262,12 @@ class MessageView(Vertical):
 
     def code_of(self, fence: MarkdownFence) -> str:
         """The exact source of one of this message's code blocks (the widget strips its end)."""
-        fences = list(self.markdown.query(MarkdownFence))
-        sources = code_blocks(self.text)
-        if fence in fences and len(sources) == len(fences):
-            return sources[fences.index(fence)]
+        for segment in self.segments:
+            fences = list(segment.query(MarkdownFence))
+            if fence in fences:
+                sources = code_blocks(segment.source)
+                if len(sources) == len(fences):
+                    return sources[fences.index(fence)]
         return fence.code  # mid-stream, the widget may hold fewer blocks than the text
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from textual import events
@@ -33,6 +34,24 @@ class PromptBox(TextArea):
         )
         self.earlier: list[str] = []
         self._walk: int | None = None  # index into `earlier` while walking it
+
+    def on_mount(self) -> None:
+        self.release_keys(getattr(self.app, "remapped_keys", ()))
+
+    def release_keys(self, keys: Iterable[str]) -> None:
+        """Give up this box's own editing bindings on `keys` (ones the user gave to actions).
+
+        The focused widget's bindings come first, so without this a key remapped in config.toml
+        to, say, stop a reply would still cut text here (ctrl+x) and never reach its action.
+        """
+        table = self._bindings.key_to_bindings
+        for key in keys:
+            bindings = table.get(key, [])
+            kept = [b for b in bindings if b.id == "prompt.newline"]
+            if kept:
+                table[key] = kept
+            else:
+                table.pop(key, None)
 
     def remember(self, text: str) -> None:
         if text.strip() and (not self.earlier or self.earlier[-1] != text):

@@ -1,5 +1,9 @@
 """The sessions side panel: saved chats, newest first; resume, rename, delete (with undo),
-export and import."""
+export and import.
+
+The list is built lazily: a page of items at first, and more as the highlight or the scroll
+position nears the end, so a history of thousands of chats opens as fast as one of ten.
+"""
 
 from __future__ import annotations
 
@@ -59,6 +63,20 @@ class SessionItem(ListItem):
         )
 
 
+PAGE = 40  # items mounted at a time
+AHEAD = 10  # mount the next page when the highlight or the view comes this close to the end
+
+
+class SessionsList(ListView):
+    """The list of chats; it asks its panel for more items as it nears its end."""
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        near_end = self.max_scroll_y > 0 and new_value >= self.max_scroll_y - AHEAD
+        if near_end and isinstance(self.parent, SessionsPanel):
+            self.parent.want_more()
+
+
 class SessionsPanel(Vertical):
     """A list of saved chats. The screen does the work; the panel says what was asked."""
 
@@ -93,27 +111,67 @@ class SessionsPanel(Vertical):
     def __init__(self, *, now: float | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._now = now  # a fixed clock for snapshots
+        self.sessions: list[StoredSession] = []  # every chat listed, mounted or not yet
+        self._growing = False
 
     def compose(self) -> ComposeResult:
         yield Label("Chats", classes="panel-title")
-        yield ListView(id="sessions-list")
+        yield SessionsList(id="sessions-list")
 
     def show(self, sessions: list[StoredSession], current: int | None) -> None:
         """List `sessions`, with `current` (else the first) highlighted."""
         # Queued, so that lists shown one after another are rebuilt in order, each whole.
         self.call_later(self._rebuild, sessions, current)
 
+    @property
+    def mounted_count(self) -> int:
+        """How many of the listed chats have an item in the list so far."""
+        return len(self.query_one(ListView).children)
+
     async def _rebuild(self, sessions: list[StoredSession], current: int | None) -> None:
         view = self.query_one(ListView)
         if not view.is_mounted:  # queued before the panel was mounted, or after it went away
             return
+        self.sessions = list(sessions)
+        ids = [s.id for s in sessions]
+        at = ids.index(current) if current in ids else (0 if ids else None)
+        first = max(PAGE, (at or 0) + AHEAD)
+        self.query_one(".panel-title", Label).update(
+            f"Chats ({len(sessions):,})" if len(sessions) > PAGE else "Chats"
+        )
         try:
-            await view.clear()
-            await view.extend([SessionItem(s, now=self._now) for s in sessions])
+            with self.app.batch_update():
+                await view.clear()
+                await view.extend([SessionItem(s, now=self._now) for s in sessions[:first]])
         except MountError:  # the app quit (mid-reply) while the list was being rebuilt
             return
-        ids = [s.id for s in sessions]
-        view.index = ids.index(current) if current in ids else (0 if ids else None)
+        view.index = at
+
+    def want_more(self) -> None:
+        """Mount the next page of items, if any are left (once at a time)."""
+        if not self._growing and self.mounted_count < len(self.sessions):
+            self._growing = True
+            self.call_later(self._grow)
+
+    async def _grow(self, upto: int | None = None) -> None:
+        view = self.query_one(ListView)
+        try:
+            have = len(view.children)
+            end = max(have + PAGE, upto or 0)
+            more = [SessionItem(s, now=self._now) for s in self.sessions[have:end]]
+            if more and view.is_mounted:
+                await view.extend(more)
+        except MountError:
+            pass
+        finally:
+            self._growing = False
+
+    @on(ListView.Highlighted)
+    def _highlighted(self, event: ListView.Highlighted) -> None:
+        event.stop()
+        index = event.list_view.index
+        if index is not None and index >= self.mounted_count - AHEAD:
+            self.want_more()
 
     def selected_id(self) -> int | None:
         """The chat highlighted in the list, if any."""
@@ -124,12 +182,15 @@ class SessionsPanel(Vertical):
         """Highlight a chat in the list (once a list being shown is in place)."""
         self.call_later(self._select, session_id)
 
-    def _select(self, session_id: int) -> None:
+    async def _select(self, session_id: int) -> None:
+        ids = [s.id for s in self.sessions]
+        if session_id not in ids:
+            return
+        at = ids.index(session_id)
         view = self.query_one(ListView)
-        for i, item in enumerate(view.children):
-            if isinstance(item, SessionItem) and item.session.id == session_id:
-                view.index = i
-                return
+        if at >= len(view.children):
+            await self._grow(upto=at + AHEAD)
+        view.index = at
 
     def _selected(self) -> StoredSession | None:
         item = self.query_one(ListView).highlighted_child

@@ -1,0 +1,183 @@
+"""A long streaming reply freezes its finished blocks into segments and still renders as one.
+
+Frozen segments are never re-rendered; the open segment takes the new text. Whatever the
+chunking and wherever the cuts fall (between headings, quotes, lists, rules, tables, code
+fences), the final screen equals a fresh render of the whole text, and the source read back
+across the segments is the text that was written.
+"""
+
+from __future__ import annotations
+
+import codecs
+import random
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets.markdown import MarkdownFence
+
+from localfab.tui.widgets import messages
+from localfab.tui.widgets.messages import MessageView, ParkedSegment
+from tests.test_tui_streaming import REPLY, chunks
+from tests.tui_support import wait_for
+
+pytestmark = pytest.mark.anyio
+
+# Every kind of block, with the margins that make some cuts unsafe (a heading's top margin).
+MIXED = """# Lighthouse log
+
+The keeper wrote a line each night.
+
+## Night one
+
+- trimmed the wick
+- wound the clock
+
+1. first
+2. second
+
+> Fog until dawn.
+
+---
+
+```text
+12:00 lamp lit
+```
+
+| hour | wind |
+|-----:|------|
+| 1 | NE |
+
+### Night two
+
+Calm sea, 平静的海面。
+
+"""
+
+LONG = (MIXED + REPLY + "\n") * 2
+
+
+class Harness(App[None]):
+    CSS = "MessageView { height: auto; }"
+
+    def compose(self) -> ComposeResult:
+        yield VerticalScroll(id="log")
+
+
+async def stream(view: MessageView, text: str, rng: random.Random) -> None:
+    view.start_stream()
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    frame: list[str] = []
+    for piece in chunks(text.encode(), rng):
+        frame.append(decoder.decode(piece))
+        if rng.random() < 0.4:
+            await view.write("".join(frame))
+            frame = []
+    frame.append(decoder.decode(b"", final=True))
+    await view.write("".join(frame))
+    await view.end_stream()
+
+
+@pytest.mark.parametrize("freeze_after", [1, messages.FREEZE_AFTER])
+async def test_a_long_reply_freezes_segments_and_ends_as_a_fresh_render(monkeypatch, freeze_after):
+    monkeypatch.setattr(messages, "FREEZE_AFTER", freeze_after)
+    app = Harness()
+    async with app.run_test(size=(90, 260)) as pilot:
+        log = app.query_one("#log")
+        fresh = MessageView("assistant", LONG)
+        await log.mount(fresh)
+        await pilot.pause()
+        expected = app.export_screenshot()
+        assert len(fresh.segments) == 1
+        await fresh.remove()
+        for seed in range(2):
+            view = MessageView("assistant")
+            await log.mount(view)
+            await stream(view, LONG, random.Random(seed))
+            # Finished blocks were frozen into segments of their own as the reply grew.
+            assert len(view.parts) >= 3
+            assert all(s.has_class("frozen") for s in view.segments[:-1])
+            assert view.text == LONG
+            assert view.markdown.source == LONG
+            await pilot.pause()
+            assert app.export_screenshot() == expected
+            await view.remove()
+
+
+async def test_frozen_segments_are_not_rendered_again():
+    app = Harness()
+    async with app.run_test(size=(90, 60)) as pilot:
+        log = app.query_one("#log")
+        view = MessageView("assistant")
+        await log.mount(view)
+        view.start_stream()
+        half = len(LONG) // 2
+        await view.write(LONG[:half])
+        await pilot.pause()
+        frozen = [s for s in view.segments if s.has_class("frozen")]
+        assert frozen
+        blocks = {id(s): list(s.children) for s in frozen}
+        await view.write(LONG[half:])
+        await view.end_stream()
+        # The same segments hold the same block widgets: nothing was re-parsed or re-mounted.
+        for segment in frozen:
+            assert segment.is_attached
+            assert list(segment.children) == blocks[id(segment)]
+        assert view.markdown.source == LONG
+
+
+async def test_code_blocks_and_tables_stay_whole_across_segments():
+    app = Harness()
+    async with app.run_test(size=(90, 260)) as pilot:
+        log = app.query_one("#log")
+        view = MessageView("assistant")
+        await log.mount(view)
+        await stream(view, LONG, random.Random(3))
+        await pilot.pause()
+        kinds = [type(b).__name__ for b in view.markdown.children]
+        assert kinds.count("MarkdownFence") == 6  # three per copy
+        assert kinds.count("MarkdownTable") == 4
+        # Each code block copies byte-exact from whichever segment holds it.
+        fences = list(view.query(MarkdownFence))
+        assert view.code_of(fences[0]) == "12:00 lamp lit\n"
+        assert view.code_of(fences[1]).startswith("import time\n\ndef tok_s(")
+
+
+async def test_segments_far_from_the_view_are_parked_and_come_back_when_scrolled_to():
+    app = Harness()
+    async with app.run_test(size=(90, 30)) as pilot:
+        log = app.query_one("#log")
+        fresh = MessageView("assistant", LONG)
+        await log.mount(fresh)
+        await pilot.pause()
+        log.scroll_end(animate=False)
+        await pilot.pause()
+        expected_end = app.export_screenshot()
+        log.scroll_home(animate=False)
+        await pilot.pause()
+        expected_top = app.export_screenshot()
+        await fresh.remove()
+
+        view = MessageView("assistant")
+        await log.mount(view)
+        log.anchor()
+        view.start_stream()
+        rng = random.Random(11)
+        pieces = chunks(LONG.encode(), rng)
+        # Stream as the chat screen does: a frame's text at a time, each frame painted.
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        for piece in pieces:
+            await view.write(decoder.decode(piece))
+            await pilot.pause()
+        await view.end_stream()
+        await pilot.pause()
+        # The blocks that scrolled far away were parked: one widget each, text kept.
+        assert view.query(ParkedSegment)
+        assert view.markdown.source == LONG
+        log.scroll_end(animate=False)
+        await pilot.pause()
+        assert app.export_screenshot() == expected_end
+        # Scrolled back to the top, the parked segments there turn back into Markdown.
+        log.scroll_home(animate=False)
+        await wait_for(pilot, lambda: app.export_screenshot() == expected_top, seconds=30)
+        assert view.markdown.source == LONG
