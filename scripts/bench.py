@@ -825,11 +825,18 @@ def main() -> None:
 
         bench_server.main(sys.argv[2:])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "ledger":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_ledger
+
+        bench_ledger.main()
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="part", required=True)
     sub.add_parser("server", help="server TTFT/decode against llama-server (see bench_server.py)")
+    sub.add_parser("ledger", help="decode with the usage ledger on vs off (see bench_ledger.py)")
     eng = sub.add_parser("engine", help="engine pp/tg against llama-bench")
     eng.add_argument("--model", required=True, help="a .gguf path or a registered name")
     eng.add_argument("--threads", type=int, default=os.cpu_count() or 1)

@@ -365,6 +365,7 @@ class ChatScreen(SessionActions, VersionActions):
                 view.set_footer(text, kind=kind)
             status = self.query_one(StatusBar)
             status.show_speed(item.ttft_ms, item.tokens_per_second)
+            status.show_energy(item.joules_per_token)
             if item.tokens_per_second > 0:
                 status.add_speed_sample(item.tokens_per_second)
         elif isinstance(item, ReplyFailed):

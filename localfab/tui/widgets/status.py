@@ -75,6 +75,11 @@ class StatusBar(Horizontal):
         self.query_one("#status-ttft", Label).update(ttft)
         self.query_one("#status-speed", Label).update(speed)
 
+    def show_energy(self, joules_per_token: float | None) -> None:
+        """The last reply's energy per token; a dash where this machine reports no power."""
+        text = "— J/tok" if joules_per_token is None else f"{joules_per_token:.3g} J/tok"
+        self.query_one("#status-energy", Label).update(text)
+
     def add_speed_sample(self, tok_s: float) -> None:
         spark = self.query_one("#status-spark", Sparkline)
         spark.data = [*(spark.data or []), tok_s][-24:]
