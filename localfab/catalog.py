@@ -24,6 +24,13 @@ from localfab.resources import PackageDataError, catalog_text
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}\Z")
 # Hugging Face repo ids: owner/name with the characters the hub allows.
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}\Z")
+
+
+def is_repo_id(text: str) -> bool:
+    """Whether `text` is a Hugging Face repo id (OWNER/NAME, no `..`): the one rule for all."""
+    return bool(REPO_RE.match(text)) and ".." not in text
+
+
 # A split GGUF part: `<stem>-00001-of-00003.gguf`.
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf\Z", re.IGNORECASE)
 
@@ -161,7 +168,7 @@ def _check_names(item: dict[str, Any], where: str) -> None:
     for name in [item["name"], *item.get("aliases", [])]:
         if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
             raise CatalogError(f"{where}: {name!r} is not a valid model name")
-    if not REPO_RE.match(item["repo"]) or ".." in item["repo"]:
+    if not is_repo_id(item["repo"]):
         raise CatalogError(f"{where}: {item['repo']!r} is not a Hugging Face repo id")
 
 

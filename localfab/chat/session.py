@@ -29,6 +29,16 @@ from localfab.errors import ContextOverflow, UsageError
 # (llama-server's n_keep/n_discard halves the window on overflow; a quarter keeps more history
 # while leaving a reply of useful length before a shift during generation is needed).
 REPLY_RESERVE_FRACTION = 4
+
+
+def reply_room(n_ctx: int, max_tokens: int, reserve: int | None = None) -> int:
+    """Tokens kept free for the reply when a chat is fitted into the window: `reserve` (else a
+    quarter of the context), or the reply's `max_tokens` when that is less. The chat session and
+    the server's chat endpoint both fit with this rule."""
+    base = n_ctx // REPLY_RESERVE_FRACTION if reserve is None else reserve
+    return min(base, max_tokens) if max_tokens > 0 else base
+
+
 # How often a growing reply is written to disk: bounded write cost, bounded loss on a crash.
 FLUSH_SECONDS = 0.25
 
@@ -262,7 +272,7 @@ class ChatSession:
         """
         self.messages.append({"role": "user", "content": text})
         last_user = len(self.messages) - 1
-        reserve = min(self.reply_reserve, max_tokens) if max_tokens > 0 else self.reply_reserve
+        reserve = reply_room(self.n_ctx, max_tokens, self.reply_reserve)
         start, tokens, dropped, n_before = self._fit(last_user, reserve)
         if len(tokens) >= self.n_ctx - 1:
             self.messages.pop()
@@ -360,7 +370,7 @@ class ChatSession:
         self._cut(index)
         # A reply whose turn had left the window brings its turn back in.
         self.window_start = min(self.window_start, users[-1])
-        reserve = min(self.reply_reserve, max_tokens) if max_tokens > 0 else self.reply_reserve
+        reserve = reply_room(self.n_ctx, max_tokens, self.reply_reserve)
         fitted = self._fit(users[-1], reserve)
         yield from self._answer(
             users[-1],

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote, urlsplit
 
-from localfab.catalog import REPO_RE, Catalog, CatalogEntry, load_catalog
+from localfab.catalog import Catalog, CatalogEntry, is_repo_id, load_catalog
 from localfab.errors import HubError, LocalfabError, UsageError
 from localfab.store import quant_from_name, safe_file_name
 
@@ -131,7 +131,7 @@ def parse_ref(text: str, *, catalog: Catalog | None = None) -> ModelRef:
         repo, file = "/".join(parts[:2]), "/".join(parts[2:])
         safe_file_name(file)
         return ModelRef(repo=check_repo(repo), file=file)
-    if REPO_RE.match(head) and ".." not in head:
+    if is_repo_id(head):
         return ModelRef(repo=head, quant=_check_quant(quant) if quant else None)
     raise UsageError(
         f"{spec!r} is neither a catalog name, OWNER/REPO[:QUANT] nor a Hugging Face URL: "
@@ -174,7 +174,7 @@ def _parse_url(spec: str) -> ModelRef:
 
 def check_repo(repo: str) -> str:
     """`repo` if it is a Hugging Face repo id (OWNER/NAME), else `UsageError`."""
-    if not REPO_RE.match(repo) or ".." in repo:
+    if not is_repo_id(repo):
         raise UsageError(f"{repo!r} is not a Hugging Face repo id (OWNER/NAME)")
     return repo
 

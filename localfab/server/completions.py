@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localfab.chat.session import REPLY_RESERVE_FRACTION
+from localfab.chat.session import reply_room
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect
@@ -132,8 +132,7 @@ async def chat_completions(server: Server, request: Request) -> Response:
         messages, _, prompt = chat_messages(server, fields)
         window = ChatWindow(messages, prompt, n_ctx)
         if shift:  # without --context-shift a chat that does not fit is a 400, as llama-server
-            reserve = n_ctx // REPLY_RESERVE_FRACTION
-            window.fit(n_ctx - (min(reserve, gen.n_predict) if gen.n_predict > 0 else reserve))
+            window.fit(n_ctx - reply_room(n_ctx, gen.n_predict))
         return gen, window
 
     gen, window = await asyncio.to_thread(prepare)
