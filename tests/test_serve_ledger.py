@@ -3,6 +3,7 @@ LOCALFAB_LEDGER=off turn that off. Real server process, real sockets, the test m
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -53,3 +54,39 @@ def test_no_ledger_records_nothing(model_path: Path, lf_env: dict[str, str], off
         ask(server.url)
     path = ledger_of(lf_env)
     assert not path.exists() or Ledger(path).rows() == []
+
+
+def test_timings_carry_the_energy_where_power_is_read(model_path: Path, tmp_path: Path) -> None:
+    """In process, with the energy meter on a fake amdgpu hwmon tree (15 W, sampled)."""
+    from localfab.energy import EnergyMeter, survey
+    from localfab.engine import EngineSettings
+    from localfab.ledger import LedgerWriter
+    from localfab.runtime import load_model
+    from localfab.server import ServerSettings, create_app
+    from localfab.server.runner import BackgroundServer
+    from tests.test_energy import hwmon, no_nvml
+
+    hwmon(tmp_path, 0, "amdgpu", power1_input=15_000_000)
+    ledger_file = tmp_path / "ledger.sqlite3"
+    loaded = load_model(model_path, EngineSettings(n_ctx=512))
+    writer = LedgerWriter(Ledger(ledger_file))
+    app = create_app(loaded, ServerSettings(), ledger=writer)
+    app.state.worker._meter = EnergyMeter(
+        survey(tmp_path, find_nvml=no_nvml).probes, interval=0.005
+    )
+    server = BackgroundServer(app).start()
+    try:
+        deadline = time.monotonic() + 120
+        while httpx.get(server.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.05)
+        body = {"prompt": SECRET, "n_predict": 8, "temperature": 0, "ignore_eos": True}
+        timings = httpx.post(server.url + "/completion", json=body, timeout=120).json()["timings"]
+    finally:
+        server.stop()
+        loaded.close()
+    assert timings["energy_source"] == "amdgpu:hwmon0"
+    assert timings["energy_j"] > 0
+    assert timings["tokens_per_j"] == pytest.approx(timings["predicted_n"] / timings["energy_j"])
+    rows = rows_to_dicts(Ledger(ledger_file).rows())
+    assert len(rows) == 1 and rows[0]["energy_j"] == pytest.approx(timings["energy_j"])

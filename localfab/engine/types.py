@@ -106,6 +106,9 @@ class Timings:
     predicted_n: int = 0
     predicted_ms: float = 0.0
     ttft_ms: float = 0.0  # request start (before tokenizing the reply) to first token
+    # The energy the reply took, where the machine reports power (see localfab.energy).
+    energy_j: float | None = None
+    energy_source: str = ""
 
     @property
     def prompt_per_token_ms(self) -> float:
@@ -123,9 +126,9 @@ class Timings:
     def predicted_per_second(self) -> float:
         return 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
 
-    def to_dict(self) -> dict[str, float | int]:
-        """llama-server's field names and order."""
-        return {
+    def to_dict(self) -> dict[str, float | int | str | None]:
+        """llama-server's field names and order; the energy fields only where it was measured."""
+        out: dict[str, float | int | str | None] = {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
             "prompt_ms": self.prompt_ms,
@@ -136,6 +139,11 @@ class Timings:
             "predicted_per_token_ms": self.predicted_per_token_ms,
             "predicted_per_second": self.predicted_per_second,
         }
+        if self.energy_j is not None:
+            out["energy_j"] = self.energy_j
+            out["tokens_per_j"] = self.predicted_n / self.energy_j if self.energy_j > 0 else None
+            out["energy_source"] = self.energy_source
+        return out
 
 
 @dataclass(frozen=True)

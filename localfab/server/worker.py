@@ -340,9 +340,15 @@ class EngineWorker:
                     break
                 run.on_token(event, slot)
         slot.generated = "".join(run.parts)
+        if done is None:
+            return None
         if measurement is not None:
-            self._recorded = (run.clock, measurement.energy)
-        return None if done is None else run.finish(done)
+            energy = measurement.energy
+            self._recorded = (run.clock, energy)
+            if energy.joules is not None:
+                timings = replace(done.timings, energy_j=energy.joules, energy_source=energy.source)
+                done = replace(done, timings=timings)
+        return run.finish(done)
 
     def _measurement(self) -> Measurement | None:
         """An energy measurement for the next reply, when replies are recorded."""
