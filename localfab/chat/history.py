@@ -21,6 +21,8 @@ parent) and nothing is ever overwritten. A session's current path runs from the 
 leaf to the newest-chosen path below it, so a branch comes back as it was left. Databases of
 version 2 upgrade in place: each message's parent is the one before it, the leaf the last one.
 
+The tables, row types and upgrade steps are in `history_schema`, search in `history_search`,
+deleting and restoring a session's rows in `history_trash`.
 Sessions also leave as Markdown or JSON (`export_markdown`, `export_json`), and that JSON comes
 back as a new session (`import_json`).
 """
@@ -32,167 +34,63 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localfab.chat.history_schema import (
+    ANCESTORS,
+    PATH,
+    SCHEMA_1,
+    STORED_COLUMNS,
+    StoredMessage,
+    StoredSession,
+    add_versions,
+    build_full_text,
+    has_fts5,
+)
+from localfab.chat.history_search import (
+    FTS_TABLE,
+    HIT_END,
+    HIT_START,
+    SNIPPET_TOKENS,
+    SearchHit,
+    like_snippet,
+    search_fts,
+    search_like,
+    split_hits,
+)
+from localfab.chat.history_trash import (
+    MESSAGE_COLUMNS,
+    SESSION_COLUMNS,
+    DeletedSession,
+    delete_rows,
+    restore_rows,
+)
 from localfab.errors import UsageError
-
-FTS_TABLE = "messages_fts"
-
-SCHEMA_1 = """
-    CREATE TABLE sessions (
-        id INTEGER PRIMARY KEY,
-        created REAL NOT NULL,
-        updated REAL NOT NULL,
-        model TEXT NOT NULL,
-        system TEXT,
-        title TEXT
-    );
-    CREATE TABLE messages (
-        id INTEGER PRIMARY KEY,
-        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-        seq INTEGER NOT NULL,
-        role TEXT NOT NULL,
-        content TEXT NOT NULL,
-        status TEXT NOT NULL DEFAULT 'complete',
-        continues INTEGER NOT NULL DEFAULT 0,
-        created REAL NOT NULL,
-        updated REAL NOT NULL,
-        UNIQUE (session_id, seq)
-    );
-    """
-
-
-def has_fts5(db: sqlite3.Connection) -> bool:
-    """Whether this SQLite was built with FTS5."""
-    try:
-        db.execute("CREATE VIRTUAL TABLE temp.localfab_fts5_probe USING fts5(x)")
-    except sqlite3.OperationalError:
-        return False
-    db.execute("DROP TABLE temp.localfab_fts5_probe")
-    return True
 
 
 def _add_full_text(db: sqlite3.Connection) -> None:
     """Schema 2: an external-content FTS5 index over messages.content, filled for old rows.
 
-    Without FTS5 nothing is created; search then scans with LIKE.
+    Without FTS5 nothing is created; search then scans with LIKE. (The probe is looked up in
+    this module, where a test can stand in for an SQLite without FTS5.)
     """
     if not has_fts5(db):
         return
-    db.execute(
-        f"CREATE VIRTUAL TABLE {FTS_TABLE} USING fts5("
-        "content, content='messages', content_rowid='id', tokenize='unicode61')"
-    )
-    db.execute(
-        f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
-        f"INSERT INTO {FTS_TABLE}(rowid, content) VALUES (new.id, new.content); END"
-    )
-    db.execute(
-        f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN "
-        f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rowid, content) "
-        f"VALUES ('delete', old.id, old.content); END"
-    )
-    db.execute(
-        f"CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN "
-        f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rowid, content) "
-        f"VALUES ('delete', old.id, old.content); "
-        f"INSERT INTO {FTS_TABLE}(rowid, content) VALUES (new.id, new.content); END"
-    )
-    db.execute(f"INSERT INTO {FTS_TABLE}({FTS_TABLE}) VALUES ('rebuild')")
-
-
-def _add_versions(db: sqlite3.Connection) -> None:
-    """Schema 3: messages form a tree (parent_id), a session has a current leaf.
-
-    Existing sessions become one path each: every message's parent is the message before it
-    (by seq), and the last message is the leaf. `chosen` orders siblings when the path below a
-    message is picked again (the newest chosen wins).
-    """
-    db.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER")
-    db.execute("ALTER TABLE messages ADD COLUMN chosen REAL")
-    db.execute("ALTER TABLE sessions ADD COLUMN leaf_id INTEGER")
-    db.execute(
-        "UPDATE messages SET chosen=created, parent_id=(SELECT p.id FROM messages p "
-        "WHERE p.session_id=messages.session_id AND p.seq<messages.seq ORDER BY p.seq DESC LIMIT 1)"
-    )
-    db.execute(
-        "UPDATE sessions SET leaf_id=(SELECT m.id FROM messages m WHERE m.session_id=sessions.id "
-        "ORDER BY m.seq DESC LIMIT 1)"
-    )
-    db.execute("CREATE INDEX messages_parent ON messages(parent_id, session_id, seq)")
-    # A row written without versions in mind (by an older localfab sharing the database, or a
-    # plain INSERT) has no `chosen`: it goes after the session's current path, as it would have.
-    db.execute(
-        "CREATE TRIGGER messages_link AFTER INSERT ON messages WHEN new.chosen IS NULL BEGIN "
-        "UPDATE messages SET chosen=new.created, "
-        "parent_id=(SELECT leaf_id FROM sessions WHERE id=new.session_id) WHERE id=new.id; "
-        "UPDATE sessions SET leaf_id=new.id WHERE id=new.session_id; END"
-    )
+    build_full_text(db)
 
 
 # Each entry moves the schema from version i to i + 1: statements separated by ";", or a
 # function of the connection for a migration whose statements hold ";" themselves (triggers).
 Migration = str | Callable[[sqlite3.Connection], None]
-MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, _add_full_text, _add_versions)
+MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, _add_full_text, add_versions)
 SCHEMA_VERSION = len(MIGRATIONS)
-
-# Around each hit in a search snippet (control characters, never in chat text shown as such).
-HIT_START = "\x02"
-HIT_END = "\x03"
-SNIPPET_TOKENS = 12
 
 STATUSES = ("complete", "generating", "length", "interrupted")
 
 # How long a writer waits for another process's write transaction before giving up. Writes are
 # single small transactions, so any wait beyond a moment means a stuck process.
 BUSY_TIMEOUT_S = 30.0
-
-
-@dataclass(frozen=True)
-class StoredMessage:
-    id: int
-    role: str
-    content: str
-    status: str
-    continues: int
-    parent_id: int | None = None
-    version: int = 1  # this message's place among its siblings (versions), from 1
-    versions: int = 1  # how many versions its place in the conversation has
-
-
-# A message's columns as StoredMessage holds them (`m` is the messages table), with its version
-# number and count from its siblings (the same parent in the same session).
-_STORED_COLUMNS = (
-    "m.id, m.role, m.content, m.status, m.continues, m.parent_id, "
-    "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
-    "AND s.session_id=m.session_id AND s.seq<=m.seq), "
-    "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
-    "AND s.session_id=m.session_id)"
-)
-# The current path of session ?: (id, depth) from its leaf (depth 0) up to the root.
-_PATH = (
-    "WITH RECURSIVE path(id, depth) AS ("
-    "SELECT leaf_id, 0 FROM sessions WHERE id=? AND leaf_id IS NOT NULL "
-    "UNION ALL SELECT p.parent_id, path.depth + 1 FROM messages p JOIN path ON p.id=path.id "
-    "WHERE p.parent_id IS NOT NULL) "
-)
-# Message ? and every message above it.
-_ANCESTORS = (
-    "WITH RECURSIVE up(id) AS (SELECT ? UNION ALL "
-    "SELECT p.parent_id FROM messages p JOIN up ON p.id=up.id WHERE p.parent_id IS NOT NULL) "
-)
-
-
-@dataclass(frozen=True)
-class StoredSession:
-    id: int
-    model: str
-    system: str | None
-    title: str | None
-    created: float
-    updated: float
 
 
 class History:
@@ -373,7 +271,7 @@ class History:
         """The session's current path, first message first (one version of each place)."""
         with self._lock:
             rows = self._db.execute(
-                f"{_PATH}SELECT {_STORED_COLUMNS} FROM path JOIN messages m ON m.id=path.id "
+                f"{PATH}SELECT {STORED_COLUMNS} FROM path JOIN messages m ON m.id=path.id "
                 "ORDER BY path.depth DESC",
                 (session_id,),
             ).fetchall()
@@ -383,7 +281,7 @@ class History:
         """Every message of the session, every version, in the order they were written."""
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_STORED_COLUMNS} FROM messages m WHERE m.session_id=? ORDER BY m.seq",
+                f"SELECT {STORED_COLUMNS} FROM messages m WHERE m.session_id=? ORDER BY m.seq",
                 (session_id,),
             ).fetchall()
         return [StoredMessage(*r) for r in rows]
@@ -392,7 +290,7 @@ class History:
         """The versions of a message's place (itself included), oldest first."""
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_STORED_COLUMNS} FROM messages m JOIN messages o "
+                f"SELECT {STORED_COLUMNS} FROM messages m JOIN messages o "
                 "ON o.id=? AND m.session_id=o.session_id AND m.parent_id IS o.parent_id "
                 "ORDER BY m.seq",
                 (message_id,),
@@ -414,7 +312,7 @@ class History:
             session_id = int(row[0])
             now = time.time()
             db.execute(
-                f"UPDATE messages SET chosen=? WHERE id IN ({_ANCESTORS}SELECT id FROM up)",
+                f"UPDATE messages SET chosen=? WHERE id IN ({ANCESTORS}SELECT id FROM up)",
                 (now, message_id),
             )
             leaf = message_id
@@ -544,20 +442,7 @@ class History:
     def delete_session(self, session_id: int) -> DeletedSession:
         """Delete a session and its messages; returns what `restore_session` needs to undo it."""
         with self._write() as db:
-            session = db.execute(
-                f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id=?", (session_id,)
-            ).fetchone()
-            if session is None:
-                raise UsageError(f"there is no chat session {session_id}")
-            messages = db.execute(
-                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id=? ORDER BY seq",
-                (session_id,),
-            ).fetchall()
-            if any(row[0] in self._reply_locks for row in messages):
-                raise UsageError("this chat is being written: stop its reply first")
-            db.execute("DELETE FROM messages WHERE session_id=?", (session_id,))
-            db.execute("DELETE FROM sessions WHERE id=?", (session_id,))
-        return DeletedSession(tuple(session), tuple(tuple(m) for m in messages))
+            return delete_rows(db, session_id, self._reply_locks)
 
     def restore_session(self, deleted: DeletedSession) -> int:
         """Put a deleted session back; returns its id.
@@ -565,41 +450,7 @@ class History:
         It keeps its id unless a newer session took it meanwhile; then it gets a new one.
         """
         with self._write() as db:
-            session = list(deleted.session)
-            taken = db.execute("SELECT 1 FROM sessions WHERE id=?", (session[0],)).fetchone()
-            if taken:
-                cur = db.execute(
-                    "INSERT INTO sessions (created, updated, model, system, title) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    session[1:6],
-                )
-                session_id = int(cur.lastrowid or 0)
-            else:
-                db.execute(
-                    f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL)",
-                    session[:6],
-                )
-                session_id = int(session[0])
-            ids: dict[int, int] = {}  # old id -> restored id (parents come before children)
-            marks = ", ".join("?" * len(MESSAGE_COLUMNS.split(",")))
-            for row in deleted.messages:
-                message = list(row)
-                old_id = int(message[0])
-                message[1] = session_id
-                if message[9] is not None:
-                    message[9] = ids.get(int(message[9]), message[9])
-                if taken or db.execute("SELECT 1 FROM messages WHERE id=?", (old_id,)).fetchone():
-                    message[0] = None  # a new id; the message's place (seq) is kept
-                cur = db.execute(
-                    f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ({marks})", message
-                )
-                ids[old_id] = int(cur.lastrowid or old_id)
-            leaf = session[6]
-            db.execute(
-                "UPDATE sessions SET leaf_id=? WHERE id=?",
-                (None if leaf is None else ids.get(int(leaf), leaf), session_id),
-            )
-        return session_id
+            return restore_rows(db, deleted)
 
     # --- search --------------------------------------------------------------------------------
 
@@ -617,105 +468,14 @@ class History:
         return self._search_like(words, limit)
 
     def _search_fts(self, words: list[str], limit: int) -> list[SearchHit]:
-        # Every word quoted, so that what the user typed is never read as FTS5 query syntax.
-        terms = ['"' + w.replace('"', '""') + '"' for w in words]
-        terms[-1] += "*"
         with self._lock:
-            rows = self._db.execute(
-                f"SELECT m.session_id, m.id, m.role, s.title, "
-                f"snippet({FTS_TABLE}, 0, ?, ?, '…', ?) "
-                f"FROM {FTS_TABLE} "
-                f"JOIN messages m ON m.id = {FTS_TABLE}.rowid "
-                f"JOIN sessions s ON s.id = m.session_id "
-                f"WHERE {FTS_TABLE} MATCH ? ORDER BY rank LIMIT ?",
-                (HIT_START, HIT_END, SNIPPET_TOKENS, " ".join(terms), limit),
-            ).fetchall()
-        return [SearchHit(*r) for r in rows]
+            return search_fts(self._db, words, limit)
 
     def _search_like(self, words: list[str], limit: int) -> list[SearchHit]:
-        def escape(word: str) -> str:
-            return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-        where = " AND ".join(["m.content LIKE ? ESCAPE '\\'"] * len(words))
         with self._lock:
-            rows = self._db.execute(
-                f"SELECT m.session_id, m.id, m.role, s.title, m.content FROM messages m "
-                f"JOIN sessions s ON s.id = m.session_id WHERE {where} "
-                f"ORDER BY m.updated DESC LIMIT ?",
-                (*[f"%{escape(w)}%" for w in words], limit),
-            ).fetchall()
-        return [
-            SearchHit(session_id, message_id, role, title, like_snippet(content, words))
-            for session_id, message_id, role, title, content in rows
-        ]
+            return search_like(self._db, words, limit)
 
 
-SESSION_COLUMNS = "id, created, updated, model, system, title, leaf_id"
-MESSAGE_COLUMNS = (
-    "id, session_id, seq, role, content, status, continues, created, updated, parent_id, chosen"
-)
-
-
-@dataclass(frozen=True)
-class DeletedSession:
-    """A deleted session's rows, enough to put it back (undo)."""
-
-    session: tuple[Any, ...]
-    messages: tuple[tuple[Any, ...], ...]
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """A message that matched a search, with a snippet around the match."""
-
-    session_id: int
-    message_id: int
-    role: str
-    title: str | None
-    snippet: str  # matches between HIT_START and HIT_END
-
-
-def like_snippet(content: str, words: list[str], *, width: int = 80) -> str:
-    """A snippet around the first word found, every word's matches marked (the LIKE fallback)."""
-    text = " ".join(content.split())
-    lower = text.lower()
-    found = [i for i in (lower.find(w.lower()) for w in words) if i >= 0]
-    first = min(found) if found else 0
-    start = max(0, first - width // 3)
-    piece = text[start : start + width]
-    marked = piece
-    for word in sorted({w for w in words if w}, key=len, reverse=True):
-        out, i, low = [], 0, marked.lower()
-        key = word.lower()
-        while (j := low.find(key, i)) >= 0:
-            out.append(marked[i:j] + HIT_START + marked[j : j + len(word)] + HIT_END)
-            i = j + len(word)
-        out.append(marked[i:])
-        marked = "".join(out)
-    prefix = "…" if start > 0 else ""
-    suffix = "…" if start + width < len(text) else ""
-    return prefix + marked + suffix
-
-
-def split_hits(snippet: str) -> list[tuple[str, bool]]:
-    """A snippet as (text, is_match) pieces, for display."""
-    pieces: list[tuple[str, bool]] = []
-    rest = snippet
-    while rest:
-        start = rest.find(HIT_START)
-        if start < 0:
-            pieces.append((rest, False))
-            break
-        if start:
-            pieces.append((rest[:start], False))
-        end = rest.find(HIT_END, start + 1)
-        end = len(rest) if end < 0 else end
-        pieces.append((rest[start + 1 : end], True))
-        rest = rest[end + 1 :]
-    return [(text, hit) for text, hit in pieces if text]
-
-
-# --- export and import -------------------------------------------------------------------------
 # In their own module; imported here so that `localfab.chat.history` keeps offering them.
 from localfab.chat.transfer import (  # noqa: E402
     EXPORT_FORMAT,
@@ -726,8 +486,16 @@ from localfab.chat.transfer import (  # noqa: E402
 )
 
 __all__ = [
+    "SCHEMA_1",
+    "has_fts5",
     "EXPORT_FORMAT",
     "EXPORT_VERSION",
+    "FTS_TABLE",
+    "HIT_END",
+    "HIT_START",
+    "MESSAGE_COLUMNS",
+    "SESSION_COLUMNS",
+    "SNIPPET_TOKENS",
     "DeletedSession",
     "History",
     "SearchHit",
@@ -736,4 +504,6 @@ __all__ = [
     "export_json",
     "export_markdown",
     "import_json",
+    "like_snippet",
+    "split_hits",
 ]

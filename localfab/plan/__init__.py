@@ -14,6 +14,7 @@ and explains each choice. Three parts, each readable on its own:
 
 from __future__ import annotations
 
+from localfab.plan.kv_types import KV, KvCacheType, check_kv_type
 from localfab.plan.memory import (
     BANDWIDTH_EFFICIENCY,
     CPU_RUNTIME_RESERVE,
@@ -62,6 +63,7 @@ __all__ = [
     "GPU_MARGIN_FRACTION",
     "GPU_MARGIN_MIN",
     "GPU_RUNTIME_RESERVE",
+    "KV",
     "KV_CACHE_TYPES",
     "KV_FILL_FOR_SPEED",
     "OP_OFFLOAD_MIN_BATCH",
@@ -72,8 +74,10 @@ __all__ = [
     "Estimate",
     "GiB",
     "MiB",
+    "KvCacheType",
     "Plan",
     "Wishes",
+    "check_kv_type",
     "compute_phases",
     "estimate",
     "gpu_reserve",

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from localfab.facts import ModelFacts
 from localfab.hardware import Device, Machine
+from localfab.plan.kv_types import KV
 from localfab.plan.memory import (
     BANDWIDTH_EFFICIENCY,
     FALLBACK_CPU_BANDWIDTH_GBS,
@@ -21,8 +22,6 @@ from localfab.plan.memory import (
 )
 from localfab.plan.result import Plan, Wishes
 from localfab.units import format_bytes
-
-KV = tuple[str, str]  # (type_k, type_v)
 
 
 def kv_total(e: Estimate) -> int:

@@ -19,7 +19,7 @@ from localfab.errors import UsageError
 from localfab.facts import ModelFacts
 from localfab.hardware import Device, Machine
 from localfab.plan import explain
-from localfab.plan.explain import KV
+from localfab.plan.kv_types import KV, check_kv_type
 from localfab.plan.memory import (
     CTX_STEP,
     DEFAULT_N_BATCH,
@@ -30,7 +30,6 @@ from localfab.plan.memory import (
     pad,
 )
 from localfab.plan.result import DEFAULT_TARGET_CTX, Plan, Wishes
-from localfab.units import KV_CACHE_TYPES
 
 REBUILD = {
     "cuda": 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
@@ -73,18 +72,9 @@ class _Resolved:
     floor: int  # the context not to go below
 
 
-def _check_kv_type(name: str, flag: str) -> str:
-    name = name.lower()
-    if name not in KV_CACHE_TYPES:
-        raise UsageError(
-            f"{flag} {name}: unknown KV cache type; use one of {', '.join(KV_CACHE_TYPES)}"
-        )
-    return name
-
-
 def _kv_ladder(wishes: Wishes, flash_attn: bool) -> tuple[KV, ...]:
-    type_k = _check_kv_type(wishes.type_k, "-ctk") if wishes.type_k else None
-    type_v = _check_kv_type(wishes.type_v, "-ctv") if wishes.type_v else None
+    type_k = check_kv_type(wishes.type_k, "-ctk") if wishes.type_k else None
+    type_v = check_kv_type(wishes.type_v, "-ctv") if wishes.type_v else None
     if not flash_attn and type_v not in (None, "f16", "f32", "bf16"):
         raise UsageError(
             f"-ctv {type_v} needs flash attention (llama.cpp cannot quantize the V cache "

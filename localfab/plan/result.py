@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localfab.errors import EXIT_FIT, LocalfabError
+from localfab.plan.kv_types import KvCacheType
 
 # Context the planner aims for when the user gives none: long enough for multi-turn chats with a
 # pasted document, short enough that an 8B model's cache does not crowd out its weights on a
@@ -69,8 +70,8 @@ class Plan:
     n_layer: int
     n_gpu_layers: int  # llama.cpp's meaning: output layer + (n_gpu_layers - 1) repeating layers
     n_ctx: int
-    type_k: str
-    type_v: str
+    type_k: KvCacheType
+    type_v: KvCacheType
     flash_attn: bool
     swa_full: bool
     n_batch: int

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -19,7 +19,7 @@ from localfab.chat.session import reply_room
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect
-from localfab.server.errors import ApiError
+from localfab.server.errors import ApiError, api_error
 from localfab.server.generation import MAX_RESULTS, Prompt, respond
 from localfab.server.params import Generation, parse_generation
 from localfab.server.plumbing import json_response, read_json
@@ -158,6 +158,7 @@ async def apply_template(server: Server, request: Request) -> Response:
 
 Messages = list[dict[str, Any]]
 Window = Sequence[Mapping[str, Any]]
+_T = TypeVar("_T")
 
 
 def chat_messages(
@@ -176,7 +177,7 @@ def chat_messages(
     try:
         messages: Messages = list(validate_messages(body["messages"]))
     except UsageError as exc:
-        raise ApiError(str(exc)) from exc
+        raise api_error(exc) from exc
     add_generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
         raise ApiError("Field 'add_generation_prompt' must be a boolean")
@@ -184,25 +185,21 @@ def chat_messages(
     if [m["role"] for m in messages[-2:]] == ["assistant", "assistant"]:
         raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
 
-    def render(window: Window) -> str:
-        final = window[-1]["role"] == "assistant"
-        try:
-            return prompts.text(
-                window, continue_final=final, add_generation_prompt=add_generation_prompt
-            )
-        except UsageError as exc:
-            raise ApiError(str(exc)) from exc
+    def templated(apply: Callable[..., _T]) -> Callable[[Window], _T]:
+        """`apply` (the template as text or as tokens) on a window; its errors are 400s."""
 
-    def prompt(window: Window) -> list[int]:
-        final = window[-1]["role"] == "assistant"
-        try:
-            return prompts.tokens(
-                window, continue_final=final, add_generation_prompt=add_generation_prompt
-            )
-        except UsageError as exc:
-            raise ApiError(str(exc)) from exc
+        def run(window: Window) -> _T:
+            final = window[-1]["role"] == "assistant"
+            try:
+                return apply(
+                    window, continue_final=final, add_generation_prompt=add_generation_prompt
+                )
+            except UsageError as exc:
+                raise api_error(exc) from exc
 
-    return messages, render, prompt
+        return run
+
+    return messages, templated(prompts.text), templated(prompts.tokens)
 
 
 def chat_to_completion_fields(body: dict[str, Any]) -> dict[str, Any]:

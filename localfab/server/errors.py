@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from localfab.errors import ContextOverflow, LocalfabError, UsageError
+
 # error type -> HTTP status, as llama-server maps them.
 ERROR_CODES = {
     "invalid_request_error": 400,
@@ -50,6 +52,24 @@ class ApiError(Exception):
 
     def body(self) -> bytes:
         return dumps({"error": self.payload()})
+
+
+def api_error(exc: BaseException, *, failed: str | None = None) -> ApiError:
+    """The error answer for an exception, the one mapping every endpoint and the engine use.
+
+    An `ApiError` is itself; a prompt past the context is llama-server's 400 with both counts;
+    a request that cannot be honoured (`UsageError`) is a 400; any other localfab error a 500
+    with its message; anything else a 500 that names what `failed` (else the exception's type).
+    """
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextOverflow):
+        return ApiError.exceed_context(exc.n_prompt_tokens, exc.n_ctx)
+    if isinstance(exc, UsageError):
+        return ApiError(str(exc))
+    if isinstance(exc, LocalfabError):
+        return ApiError(str(exc), "server_error")
+    return ApiError(f"{failed or type(exc).__name__}: {exc}", "server_error")
 
 
 def dumps(data: Any) -> bytes:

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from localfab.errors import LocalfabError, UsageError
+from localfab.errors import LocalfabError
 from localfab.server.edge import lone_surrogate
-from localfab.server.errors import ApiError, dumps
+from localfab.server.errors import ApiError, api_error, dumps
 from localfab.server.params import json_type
 from localfab.server.settings import ServerSettings
 
@@ -182,15 +182,11 @@ def wrap(handler: Handler) -> Handler:
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
-        except ApiError as exc:
-            return error_response(exc)
-        except UsageError as exc:
-            return error_response(ApiError(str(exc)))
-        except LocalfabError as exc:
-            return error_response(ApiError(str(exc), "server_error"))
+        except (ApiError, LocalfabError) as exc:
+            return error_response(api_error(exc))
         except Exception as exc:
             log.exception("request failed")
-            return error_response(ApiError(f"{type(exc).__name__}: {exc}", "server_error"))
+            return error_response(api_error(exc))
 
     return endpoint
 

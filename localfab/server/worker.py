@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from localfab.energy import Energy, EnergyMeter, Measurement
 from localfab.engine.types import Done, SamplingParams, Timings, TokenEvent
-from localfab.errors import ContextOverflow, LocalfabError, UsageError
+from localfab.errors import ContextOverflow, LocalfabError
 from localfab.ledger import LedgerWriter, TokenClock, record_generation
 from localfab.server.chat_window import ChatWindow
-from localfab.server.errors import ApiError
+from localfab.server.errors import ApiError, api_error
 
 if TYPE_CHECKING:
     from localfab.runtime import LoadedModel
@@ -252,7 +252,7 @@ class EngineWorker:
                 self._run(item)
             except BaseException as exc:  # never let one request kill the engine thread
                 log.exception("generation failed")
-                item.emit(ApiError(f"generation failed: {exc}", "server_error"))
+                item.emit(api_error(exc, failed="generation failed"))
             finally:
                 with self._lock:
                     self._pending.discard(item)
@@ -276,14 +276,8 @@ class EngineWorker:
             engine.clear_cache()
         try:
             done = self._generate(job, slot)
-        except ContextOverflow as exc:
-            job.emit(ApiError.exceed_context(exc.n_prompt_tokens, exc.n_ctx))
-            return
-        except UsageError as exc:
-            job.emit(ApiError(str(exc)))
-            return
         except LocalfabError as exc:
-            job.emit(ApiError(str(exc), "server_error"))
+            job.emit(api_error(exc))
             return
         finally:
             slot.processing = False
