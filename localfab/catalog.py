@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localfab.errors import LocalfabError
+from localfab.errors import LocalfabError, UsageError
 from localfab.resources import PackageDataError, catalog_text
 
 # Model names: letters, digits and . _ - : +, starting with a letter or digit (`qwen2.5:7b`).
@@ -29,6 +29,16 @@ REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-
 def is_repo_id(text: str) -> bool:
     """Whether `text` is a Hugging Face repo id (OWNER/NAME, no `..`): the one rule for all."""
     return bool(REPO_RE.match(text)) and ".." not in text
+
+
+def check_repo_id(text: str) -> str:
+    """`text` if it is a Hugging Face repo id, else the one `UsageError` every layer raises."""
+    if not is_repo_id(text):
+        raise UsageError(
+            f"{text!r} is not a Hugging Face repo id: expected OWNER/NAME, e.g. "
+            f"bartowski/Qwen2.5-7B-Instruct-GGUF"
+        )
+    return text
 
 
 # A split GGUF part: `<stem>-00001-of-00003.gguf`.
@@ -168,8 +178,10 @@ def _check_names(item: dict[str, Any], where: str) -> None:
     for name in [item["name"], *item.get("aliases", [])]:
         if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
             raise CatalogError(f"{where}: {name!r} is not a valid model name")
-    if not is_repo_id(item["repo"]):
-        raise CatalogError(f"{where}: {item['repo']!r} is not a Hugging Face repo id")
+    try:
+        check_repo_id(item["repo"])
+    except UsageError as exc:
+        raise CatalogError(f"{where}: {exc}") from None
 
 
 def _check_files(files: list[Any], quant: str, where: str) -> None:

@@ -22,6 +22,23 @@ def permission_denied(label: str) -> ModelError:
     )
 
 
+def not_gguf(label: str, start: bytes | int) -> ModelError:
+    """The one error for a file that is not GGUF, whoever reads it (the engine, the header parser).
+
+    `start`: the file's first bytes, or its length when only that is known; fewer than four
+    bytes are reported as a file too short to be a model.
+    """
+    n = start if isinstance(start, int) else len(start)
+    if isinstance(start, bytes) and n >= len(GGUF_MAGIC):
+        found = f"it starts with {start[: len(GGUF_MAGIC)]!r}, not {GGUF_MAGIC!r}"
+    else:
+        found = f"it is only {n} byte{'' if n == 1 else 's'} long"
+    return ModelError(
+        f"{label} is not a GGUF file ({found}): give the path of a GGUF model, "
+        f"e.g. a *Q4_K_M.gguf file from Hugging Face"
+    )
+
+
 _FILE_KINDS = (
     (stat.S_ISFIFO, "a named pipe (FIFO)"),
     (stat.S_ISCHR, "a character device"),
@@ -77,7 +94,4 @@ def check_gguf_file(path: Path) -> None:
     except OSError as exc:
         raise ModelError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
     if magic != GGUF_MAGIC:
-        raise ModelError(
-            f"{path} is not a GGUF file (it starts with {magic!r}); "
-            "localfab runs GGUF models such as *.Q4_K_M.gguf"
-        )
+        raise not_gguf(str(path), magic)

@@ -6,20 +6,19 @@ Imported by the CLI before any command runs, so it imports nothing heavy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeGuard, get_args
 
-# KV cache element types by their llama.cpp names (-ctk / -ctv), in llama.cpp's order.
-KV_CACHE_TYPES: tuple[str, ...] = (
-    "f32",
-    "f16",
-    "bf16",
-    "q8_0",
-    "q4_0",
-    "q4_1",
-    "iq4_nl",
-    "q5_0",
-    "q5_1",
-)
+# KV cache element types by their llama.cpp names (-ctk / -ctv), in llama.cpp's order: the
+# Literal lets a plan's `type_k` / `type_v` hold nothing else, the tuple is what menus offer;
+# `is_kv_cache_type` narrows a name read from a user to the Literal.
+KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+KV_CACHE_TYPES: tuple[KvCacheType, ...] = get_args(KvCacheType)
+
+
+def is_kv_cache_type(name: str) -> TypeGuard[KvCacheType]:
+    """Whether `name` (exact case) is one of `KV_CACHE_TYPES`."""
+    return name in KV_CACHE_TYPES
+
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -43,6 +42,11 @@ def format_bytes(n: float, *, precise: bool = False) -> str:
     if size >= KiB:
         return f"{n / KiB:.1f} KiB"
     return f"{n:.0f} B"
+
+
+def format_context(n_ctx: int) -> str:
+    """A context size in tokens as model lists show it: `128k` (units of 1024), `512` below that."""
+    return f"{n_ctx // 1024}k" if n_ctx >= 1024 else str(n_ctx)
 
 
 def format_duration(seconds: float | None) -> str:

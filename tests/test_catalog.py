@@ -63,7 +63,7 @@ note = "n"
     [
         (('note = "n"\n', ""), "missing field 'note'"),
         (('files = ["X-Q4_K_M.gguf"]', 'files = ["../X-Q4_K_M.gguf"]'), "not a plain .gguf"),
-        (('repo = "o/X-GGUF"', 'repo = "../X"'), "not a Hugging Face repo id"),
+        (('repo = "o/X-GGUF"', 'repo = "../X"'), "'../X' is not a Hugging Face repo id: expected"),
         (('name = "x:1b"', 'name = "../x"'), "not a valid model name"),
         (("size_bytes = 1000", 'size_bytes = "big"'), "must be a int"),
         (('files = ["X-Q4_K_M.gguf"]', 'files = ["X-Q8_0.gguf"]'), "does not carry the quant"),

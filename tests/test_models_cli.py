@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from localfab.units import format_context
 from tests.conftest import LOCALFAB
 from tests.hf_server import FakeHub
 from tests.test_store import write_tiny_gguf
@@ -235,3 +236,4 @@ def test_tables_in_a_pipe_keep_one_row_per_line(env: dict[str, str]) -> None:
     assert len(rows) == len(items)
     for row, item in zip(rows, items, strict=True):
         assert row.startswith(item["name"] + " ") and row.endswith(item["note"])
+        assert format_context(item["context_length"]) in row.split()  # as the TUI shows it

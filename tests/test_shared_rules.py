@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from localfab.catalog import is_repo_id
+from localfab.catalog import check_repo_id, is_repo_id
 from localfab.chat.session import reply_room
 from localfab.errors import UsageError
-from localfab.hub.refs import check_repo
+from localfab.hub.refs import check_repo, parse_ref
+from localfab.store import safe_repo_dir
 
 
 def test_reply_room_is_a_quarter_of_the_context_or_max_tokens_if_less() -> None:
@@ -36,7 +37,26 @@ def test_reply_room_is_a_quarter_of_the_context_or_max_tokens_if_less() -> None:
 def test_one_repo_id_rule(text: str, ok: bool) -> None:
     assert is_repo_id(text) is ok
     if ok:
-        assert check_repo(text) == text
-    else:
-        with pytest.raises(UsageError):
-            check_repo(text)
+        assert check_repo(text) == check_repo_id(text) == text
+        assert safe_repo_dir(text) == text.replace("/", "--")
+        return
+    messages = []
+    for check in (check_repo_id, check_repo, safe_repo_dir):
+        with pytest.raises(UsageError) as info:
+            check(text)
+        messages.append(str(info.value))
+    # One message, saying what a repo id looks like, whichever layer refused it.
+    assert (
+        messages
+        == [
+            f"{text!r} is not a Hugging Face repo id: expected OWNER/NAME, e.g. "
+            "bartowski/Qwen2.5-7B-Instruct-GGUF"
+        ]
+        * 3
+    )
+
+
+def test_a_url_with_a_bad_repo_gets_the_same_message() -> None:
+    with pytest.raises(UsageError) as info:
+        parse_ref("https://huggingface.co/-owner/name/resolve/main/x-Q4_K_M.gguf")
+    assert str(info.value).startswith("'-owner/name' is not a Hugging Face repo id: expected")

@@ -39,6 +39,20 @@ def test_format_bytes(n: int, precise: bool, text: str) -> None:
     assert units.format_bytes(n, precise=precise) == text
 
 
+def test_a_context_size_reads_the_same_in_the_cli_and_the_tui() -> None:
+    from localfab.catalog import load_catalog
+    from localfab.tui.models import catalog_row
+
+    assert [units.format_context(n) for n in (512, 1024, 40960, 131072)] == [
+        "512",
+        "1k",
+        "40k",
+        "128k",
+    ]
+    for entry in load_catalog():
+        assert catalog_row(entry).context == units.format_context(entry.context_length)
+
+
 def test_every_layer_offers_the_same_kv_cache_types() -> None:
     import click
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.config import default_paths
-from localfab.units import format_bytes
+from localfab.units import format_bytes, format_context
 
 if TYPE_CHECKING:
     from localfab.store import ModelEntry, Store
@@ -95,7 +95,7 @@ class FitJudge:
 
 def summarise_plan(result: Any) -> str:
     """One short cell for a `Plan`: where the layers go and the context it leaves room for."""
-    ctx = f"{result.n_ctx // 1024}k" if result.n_ctx >= 1024 else str(result.n_ctx)
+    ctx = format_context(result.n_ctx)
     if not result.fits:
         return "too big"
     if result.gpu is None or result.n_gpu_layers == 0:
@@ -233,7 +233,7 @@ def _list_catalog(store: Store, *, as_json: bool) -> None:
                 c.name,
                 f"~{human_size(c.size_bytes)}",
                 c.params,
-                f"{c.context_length // 1024}k",
+                format_context(c.context_length),
                 c.license,
                 here,
                 c.note,

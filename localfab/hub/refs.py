@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote, urlsplit
 
-from localfab.catalog import Catalog, CatalogEntry, is_repo_id, load_catalog
+from localfab.catalog import Catalog, CatalogEntry, check_repo_id, is_repo_id, load_catalog
 from localfab.errors import HubError, LocalfabError, UsageError
 from localfab.store import quant_from_name, safe_file_name
 
@@ -130,7 +130,7 @@ def parse_ref(text: str, *, catalog: Catalog | None = None) -> ModelRef:
     if len(parts) > 2 and head.lower().endswith(".gguf"):
         repo, file = "/".join(parts[:2]), "/".join(parts[2:])
         safe_file_name(file)
-        return ModelRef(repo=check_repo(repo), file=file)
+        return ModelRef(repo=check_repo_id(repo), file=file)
     if is_repo_id(head):
         return ModelRef(repo=head, quant=_check_quant(quant) if quant else None)
     raise UsageError(
@@ -157,7 +157,7 @@ def _parse_url(spec: str) -> ModelRef:
         raise UsageError(
             f"{spec!r} does not name a repo: expected https://huggingface.co/OWNER/REPO"
         )
-    repo = check_repo("/".join(parts[:2]))
+    repo = check_repo_id("/".join(parts[:2]))
     rest = parts[2:]
     if len(rest) >= 3 and rest[0] in ("resolve", "blob"):
         file = "/".join(rest[2:])
@@ -172,11 +172,8 @@ def _parse_url(spec: str) -> ModelRef:
     return ModelRef(repo=repo, quant=_check_quant(quant), endpoint=endpoint)
 
 
-def check_repo(repo: str) -> str:
-    """`repo` if it is a Hugging Face repo id (OWNER/NAME), else `UsageError`."""
-    if not is_repo_id(repo):
-        raise UsageError(f"{repo!r} is not a Hugging Face repo id (OWNER/NAME)")
-    return repo
+# The name `hub.remote` imports; the rule and its message are `catalog.check_repo_id`.
+check_repo = check_repo_id
 
 
 def _check_quant(quant: str | None) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from localfab.catalog import NAME_RE, SPLIT_RE, is_repo_id
+from localfab.catalog import NAME_RE, SPLIT_RE, check_repo_id
 from localfab.errors import UsageError
 
 # Characters that move the cursor, change colours or reorder text on a terminal: file names and
@@ -49,12 +49,7 @@ def validate_name(name: str) -> str:
 
 def safe_repo_dir(repo: str) -> str:
     """The folder name for a hub repo (`owner--name`); refuses ids that could escape the store."""
-    if not is_repo_id(repo):
-        raise UsageError(
-            f"{repo!r} is not a Hugging Face repo id: expected OWNER/NAME, e.g. "
-            f"bartowski/Qwen2.5-7B-Instruct-GGUF"
-        )
-    return repo.replace("/", "--")
+    return check_repo_id(repo).replace("/", "--")
 
 
 def safe_file_name(repo_file: str) -> str:

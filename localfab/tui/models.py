@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from localfab.config import Paths
 from localfab.errors import LocalfabError
 from localfab.tui.downloads import PullCancelled, PullQueue
-from localfab.units import format_bytes
+from localfab.units import format_bytes, format_context
 
 if TYPE_CHECKING:
     from localfab.catalog import CatalogEntry
@@ -229,7 +229,7 @@ def catalog_row(c: CatalogEntry, *, local: str | None = None, kept: int = 0) -> 
         title=c.title,
         size=f"~{format_bytes(c.size_bytes, precise=True)}",
         params=c.params,
-        context=f"{ctx // 1024}k" if ctx >= 1024 else str(ctx),
+        context=format_context(ctx),
         license=c.license,
         note=c.note,
         repo=c.repo,
