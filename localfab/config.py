@@ -116,6 +116,17 @@ class Config:
         },
     )
 
+    speculative: tuple[tuple[str, Any], ...] = field(
+        default=(),
+        metadata={
+            "doc": "speculative decoding, from the [speculative] table of config.toml, with "
+            'the names of localfab run\'s flags: spec_type = "ngram-simple" (or none, '
+            'draft-simple), model_draft = "FILE", draft_max, draft_min, draft_p_min, '
+            "gpu_layers_draft, spec_exact (false: longer drafts, text may differ at near "
+            "ties); not settable from the environment"
+        },
+    )
+
     @classmethod
     def load(cls, paths: Paths, env: Mapping[str, str] | None = None) -> Config:
         """Read config.toml (if any) and apply environment overrides.
@@ -135,7 +146,8 @@ class Config:
                 ) from exc
             sources = {name: str(paths.config_file) for name in values}
         keys = parse_keys(values.pop("keys", {}), where=str(paths.config_file))
-        known = {f.name: f for f in fields(cls) if f.name != "keys"}
+        speculative = parse_speculative(values.pop("speculative", {}), where=str(paths.config_file))
+        known = {f.name: f for f in fields(cls) if f.name not in _TABLES}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise UsageError(
@@ -154,7 +166,7 @@ class Config:
             value = _convert(name, raw, type(getattr(config, name)), where)
             _check_range(name, value, where)
             converted[name] = value
-        return replace(config, keys=keys, **converted)
+        return replace(config, keys=keys, speculative=speculative, **converted)
 
 
 def parse_keys(raw: Any, *, where: str = "config.toml") -> tuple[tuple[str, str], ...]:
@@ -183,11 +195,54 @@ def parse_keys(raw: Any, *, where: str = "config.toml") -> tuple[tuple[str, str]
     return tuple(out)
 
 
+# Settings that are tables of config.toml rather than single values.
+_TABLES = ("keys", "speculative")
+# The [speculative] table: each key's type and allowed range (None: any value of the type).
+SPECULATIVE_KEYS: dict[str, tuple[type, tuple[float, float] | None]] = {
+    "spec_type": (str, None),
+    "model_draft": (str, None),
+    "draft_max": (int, (1, 64)),
+    "draft_min": (int, (0, 64)),
+    "draft_p_min": (float, (0.0, 1.0)),
+    "gpu_layers_draft": (int, (-1, 1 << 16)),
+    "spec_exact": (bool, None),
+}
+SPEC_TYPE_NAMES = ("none", "ngram-simple", "draft-simple")
+
+
+def parse_speculative(raw: Any, *, where: str = "config.toml") -> tuple[tuple[str, Any], ...]:
+    """The [speculative] table as (name, value) pairs, each value checked."""
+    if not isinstance(raw, dict):
+        raise UsageError(
+            f'{where}: speculative must be a table ([speculative] spec_type = "ngram-simple"), '
+            f"not {raw!r}"
+        )
+    out: list[tuple[str, Any]] = []
+    for name, value in raw.items():
+        if name not in SPECULATIVE_KEYS:
+            raise UsageError(
+                f"{where}: unknown setting speculative.{name}; known: {', '.join(SPECULATIVE_KEYS)}"
+            )
+        kind, limits = SPECULATIVE_KEYS[name]
+        value = _convert(f"speculative.{name}", value, kind, where)
+        if limits is not None and not limits[0] <= value <= limits[1]:
+            raise UsageError(
+                f"{where}: speculative.{name} must be {limits[0]} to {limits[1]}, not {value}"
+            )
+        if name == "spec_type" and value not in SPEC_TYPE_NAMES:
+            raise UsageError(
+                f"{where}: speculative.spec_type must be one of {', '.join(SPEC_TYPE_NAMES)}, "
+                f"not {value!r}"
+            )
+        out.append((str(name), value))
+    return tuple(out)
+
+
 def check_setting(name: str, raw: Any, *, where: str = "config.toml") -> Any:
     """One setting's value converted and checked as `Config.load` does; `UsageError` if not."""
-    known = {f.name: f for f in fields(Config) if f.name != "keys"}
-    if name == "keys":
-        raise UsageError(f"{where}: keys are set in the [keys] table of config.toml")
+    known = {f.name: f for f in fields(Config) if f.name not in _TABLES}
+    if name in _TABLES:
+        raise UsageError(f"{where}: {name} are set in the [{name}] table of config.toml")
     if name not in known:
         raise UsageError(f"{where}: unknown setting {name}; known: {', '.join(known)}")
     value = _convert(name, raw, type(getattr(Config(), name)), where)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localfab.config import Config, Paths, check_threads
-from localfab.engine.types import EngineSettings
+from localfab.engine.types import EngineSettings, SpecSettings
+from localfab.errors import LocalfabError, UsageError
 
 if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
@@ -128,9 +129,14 @@ class ModelChoice:
     def settings(self) -> EngineSettings:
         return EngineSettings(**self.plan.settings_kwargs())
 
-    def open(self, *, progress: Callable[[float], bool] | None = None) -> LoadedModel:
-        """Load the planned model (`progress` as in `load_model`)."""
-        return load_model(self.path, self.settings, progress=progress)
+    def open(
+        self,
+        *,
+        progress: Callable[[float], bool] | None = None,
+        speculative: SpecSettings | None = None,
+    ) -> LoadedModel:
+        """Load the planned model (`progress` and `speculative` as in `load_model`)."""
+        return load_model(self.path, self.settings, progress=progress, speculative=speculative)
 
 
 def choose_model(
@@ -148,16 +154,104 @@ def choose_model(
     return ModelChoice(name=name, path=path, plan=chosen, machine=machine)
 
 
+def speculation_from(
+    config: Config,
+    paths: Paths | None = None,
+    *,
+    spec_type: str | None = None,
+    model_draft: str | None = None,
+    draft_max: int | None = None,
+    draft_min: int | None = None,
+    draft_p_min: float | None = None,
+    gpu_layers_draft: int | None = None,
+    spec_exact: bool | None = None,
+) -> SpecSettings | None:
+    """Speculative decoding from the flags, with config.toml's [speculative] as defaults.
+
+    A draft model (-md) without --spec-type means draft-simple, as in llama-server. A draft
+    given by a registered name is found in the store. None when speculation is off; a
+    `UsageError` for a value it cannot use (--draft-max 0, draft-simple without -md).
+    """
+    table = dict(config.speculative)
+    flags = {
+        "spec_type": spec_type,
+        "model_draft": model_draft,
+        "draft_max": draft_max,
+        "draft_min": draft_min,
+        "draft_p_min": draft_p_min,
+        "gpu_layers_draft": gpu_layers_draft,
+        "spec_exact": spec_exact,
+    }
+    values = {**table, **{k: v for k, v in flags.items() if v is not None}}
+    if "spec_type" not in values and values.get("model_draft"):
+        values["spec_type"] = "draft-simple"
+    kind = values.get("spec_type", "none")
+    draft = values.get("model_draft") or None
+    if draft and paths is not None and kind == "draft-simple":
+        draft = _find_draft(draft, paths)
+    spec = SpecSettings(
+        spec_type=kind,
+        model_draft=draft,
+        draft_max=values.get("draft_max", SpecSettings.draft_max),
+        draft_min=values.get("draft_min", SpecSettings.draft_min),
+        draft_p_min=values.get("draft_p_min", SpecSettings.draft_p_min),
+        n_gpu_layers_draft=values.get("gpu_layers_draft"),
+        exact=values.get("spec_exact", True),
+    )
+    spec.check()
+    if kind != "draft-simple" and model_draft:
+        raise UsageError(f"-md/--model-draft needs --spec-type draft-simple, not {kind}")
+    return spec if spec.enabled else None
+
+
+def _find_draft(name: str, paths: Paths) -> str:
+    """A registered model's file for a draft given by name; the name itself otherwise."""
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser())
+    try:
+        from localfab.store import Store
+
+        return str(Store(paths).resolve(name))
+    except LocalfabError:
+        return name  # loading it says what is wrong, and the model runs without it
+
+
+def start_speculation(engine: Engine, spec: SpecSettings) -> str:
+    """Turn speculation on for `engine`, loading the draft model; returns what to tell the user.
+
+    A draft model that cannot draft for this model (missing, corrupt, another vocabulary,
+    larger than the model) leaves speculation off: the reply is still right, only not sped up.
+    """
+    draft = None
+    if spec.spec_type == "draft-simple" and spec.model_draft:
+        try:
+            draft = engine.load_draft(spec.model_draft, spec.n_gpu_layers_draft)
+        except LocalfabError as exc:
+            return f"running without speculative decoding: {exc}"
+    engine.set_speculation(spec, draft)
+    n = engine.speculation_batch - 1
+    if n < 1:
+        engine.set_speculation(None)
+        return (
+            "running without speculative decoding: llama.cpp computes batches differently "
+            "from single tokens here (try -fa on), so drafts could change the text "
+            "(--no-spec-exact allows that)"
+        )
+    what = f"draft model {Path(spec.model_draft or '').name}" if draft else spec.spec_type
+    return f"speculative decoding with {what}, up to {min(n, spec.draft_max)} tokens per step"
+
+
 def load_model(
     path: Path,
     settings: EngineSettings,
     *,
     progress: Callable[[float], bool] | None = None,
+    speculative: SpecSettings | None = None,
 ) -> LoadedModel:
     """Load the engine and resolve its chat template.
 
     `progress` gets the fraction of the weights loaded; returning False cancels the load
-    (`LoadCancelled`).
+    (`LoadCancelled`). With `speculative`, speculation is started (`start_speculation`).
     """
     from localfab.chat.prompt import PromptBuilder
     from localfab.engine import Engine
@@ -165,6 +259,8 @@ def load_model(
     engine = Engine(path, settings, progress=progress)
     prompts = PromptBuilder(engine)
     notices = [prompts.notice] if prompts.notice else []
+    if speculative is not None and speculative.enabled:
+        notices.append(start_speculation(engine, speculative))
     if engine.n_ctx != settings.n_ctx:
         notices.append(
             f"context {settings.n_ctx} became {engine.n_ctx} tokens "

@@ -102,3 +102,35 @@ def test_serve_missing_model_is_one_clean_error(lf_env, tmp_path: Path):
     )
     assert out.returncode == 3, out.stderr
     assert "Traceback" not in out.stderr and "localfab: error:" in out.stderr
+
+
+def test_serve_speculates_with_the_flags_and_reports_drafts_in_timings(model_path: Path, lf_env):
+    port = free_port()
+    proc = start(
+        [str(model_path), "--port", str(port), "-c", "1024", "-t", "2",
+         "--spec-type", "ngram-simple", "--draft-max", "3"],
+        lf_env,
+    )  # fmt: skip
+    words = "one two three four five six seven eight nine ten " * 3
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_health(url, proc, timeout=300)
+        body = {"prompt": f"Repeat: {words}\n{words}", "n_predict": 32, "temperature": 0}
+        timings = httpx.post(url + "/completion", json=body, timeout=120).json()["timings"]
+        assert timings["draft_n"] > 0
+        assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
+def test_serve_refuses_a_bad_draft_length_before_loading(model_path: Path, lf_env):
+    out = subprocess.run(
+        [str(LOCALFAB), "serve", str(model_path), "--spec-type", "ngram-simple",
+         "--draft-max", "0"],
+        capture_output=True, text=True, env=lf_env, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--draft-max" in lines[0], out.stderr

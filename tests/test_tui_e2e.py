@@ -75,3 +75,29 @@ def test_tui_check_script_runs_the_real_app_in_tmux(tmp_path):
     # `localfab chat` records its replies in the ledger of its home folder.
     rows = Ledger(tmp_path / "home" / "data" / "ledger.sqlite3").rows()
     assert [r["frontend"] for r in rows_to_dicts(rows)] == ["chat"]
+
+
+@pytest.mark.anyio
+async def test_speculation_from_config_reaches_the_app_and_its_status_bar(model_path, tmp_path):
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
+    history = History(paths.sessions_db)
+    config = Config(speculative=(("spec_type", "ngram-simple"), ("draft_max", 3)))
+    loader = model_loader(str(model_path), paths, config, ctx_size=1024)
+    backend = LocalBackend(
+        loader, history, model_path.name, ChatOptions(max_tokens=48, max_continues=0)
+    )
+    app = make_app(backend=backend, history=history, model_name=model_path.name)
+    words = "one two three four five six seven eight nine ten " * 3
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.screen_stack and app.chat.loaded, seconds=300)
+            chat = app.chat
+            prompt = chat.query_one("#prompt")
+            prompt.load_text(f"Repeat exactly: {words}")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: chat.replies_finished == 1, seconds=300)
+            speed = str(chat.query_one("#status-speed").render())
+            assert "tok/s (draft " in speed and speed.endswith("%)")
+    finally:
+        backend.close()
+    history.close()

@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from localfab.commands.spec_flags import spec_options, speculation
 from localfab.errors import UsageError
 from localfab.units import KV_CACHE_TYPES, usage
 
 if TYPE_CHECKING:
     from localfab.chat.session import ChatEvent, Reply
     from localfab.energy import Energy
+    from localfab.engine.types import Done
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
@@ -95,6 +97,7 @@ def read_prompt(words: tuple[str, ...]) -> str:
     is_flag=True,
     help="Do not record this reply in the usage ledger (see localfab stats).",
 )
+@spec_options
 def run(
     model: str,
     prompt: tuple[str, ...],
@@ -118,6 +121,7 @@ def run(
     as_json: bool,
     verbose: bool,
     no_ledger: bool,
+    spec_flags: dict[str, Any],
 ) -> None:
     """Answer PROMPT with MODEL (a .gguf path or a registered name), streaming to stdout.
 
@@ -144,6 +148,7 @@ def run(
 
     paths = default_paths()
     config = Config.load(paths)
+    speculative = speculation(config, paths, spec_flags)
     # The planner picks the context, GPU layers, KV types and threads for this machine;
     # explicit options override it, and the plan says what they cost.
     choice = choose_model(
@@ -167,7 +172,7 @@ def run(
         click.echo(render_plan(chosen, choice.machine), err=True)
     chosen.require_fit()
 
-    loaded = choice.open()
+    loaded = choice.open(speculative=speculative)
     engine = loaded.engine
     for notice in loaded.notices:
         click.echo(f"localfab: note: {notice}", err=True)
@@ -232,6 +237,7 @@ def run(
             "continues": reply.continues,
             "usage": usage(len(tokens), reply.completion_tokens),
             "timings": reply.timings.to_dict()
+            | draft_counts(reply.pieces)
             | {
                 "energy_j": energy.joules,
                 "tokens_per_j": energy.tokens_per_joule(reply.completion_tokens),
@@ -255,6 +261,8 @@ def run(
             err=True,
         )
         click.echo(f"localfab: {describe_energy(energy, reply.completion_tokens)}", err=True)
+        if speculative is not None:
+            click.echo(f"localfab: {describe_drafts(reply.pieces)}", err=True)
     if writer is not None and ledger is not None:
         writer.close()
         if recorder.row is not None and ledger.last_error and verbose:
@@ -285,6 +293,29 @@ def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: bool) -> Rep
             out.flush()
     assert reply is not None
     return reply
+
+
+def draft_counts(pieces: Sequence[Done]) -> dict[str, int]:
+    """llama-server's draft_n / draft_n_accepted over every piece; empty when nothing drafted."""
+    drafted = sum(p.timings.draft_n for p in pieces)
+    if not drafted:
+        return {}
+    return {
+        "draft_n": drafted,
+        "draft_n_accepted": sum(p.timings.draft_n_accepted for p in pieces),
+    }
+
+
+def describe_drafts(pieces: Sequence[Done]) -> str:
+    """The speculative decoding line of -v: tokens drafted, kept, and the acceptance rate."""
+    drafted = sum(p.timings.draft_n for p in pieces)
+    kept = sum(p.timings.draft_n_accepted for p in pieces)
+    if not drafted:
+        return "speculative decoding: nothing drafted (the reply did not repeat its input)"
+    return (
+        f"speculative decoding: {drafted} tokens drafted, {kept} accepted "
+        f"(acceptance {kept / drafted:.0%})"
+    )
 
 
 def describe_energy(energy: Energy, tokens: int) -> str:

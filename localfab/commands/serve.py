@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from localfab.commands.spec_flags import spec_options, speculation
 from localfab.errors import ModelError, UsageError
 from localfab.units import KV_CACHE_TYPES
 
@@ -118,6 +119,7 @@ def is_loopback(host: str) -> bool:
     "never recorded either way.",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Log llama.cpp and request details.")
+@spec_options
 def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
     """Serve MODEL over HTTP with llama-server's API (OpenAI-compatible and native endpoints).
 
@@ -146,6 +148,8 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
 
     paths = default_paths()
     config = Config.load(paths)
+    # Checked before the model loads: a bad --draft-max is one line, not a load.
+    options["speculative"] = speculation(config, paths, options["spec_flags"])
     host = options["host"]
     if not options["api_keys"] and not is_loopback(host):
         click.echo(
@@ -259,7 +263,7 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
     path = choice.path
 
     def loader() -> Any:
-        loaded = choice.open()
+        loaded = choice.open(speculative=options["speculative"])
         for notice in loaded.notices:
             click.echo(f"localfab: note: {notice}", err=True)
         click.echo(

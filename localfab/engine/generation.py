@@ -151,6 +151,7 @@ def _finish(
     stops: StopMatcher,
     t_start: float,
     t_first: float,
+    drafted: tuple[int, int] = (0, 0),
 ) -> list[TokenEvent | Done]:
     """The held-back tail of the text (if any) and the Done that closes the stream."""
     events: list[TokenEvent | Done] = []
@@ -171,6 +172,8 @@ def _finish(
         predicted_n=len(generated) + (1 if stop_type == "eos" else 0),
         predicted_ms=(t_end - t_first) * 1e3,
         ttft_ms=(t_first - t_start) * 1e3,
+        draft_n=drafted[0],
+        draft_n_accepted=drafted[1],
     )
     done = Done(
         text="".join(parts),
@@ -203,6 +206,22 @@ def stream(
         if opts.carry:
             utf8.feed(opts.carry)
         stops = StopMatcher(opts.stop)
+        if engine._speculator is not None:  # chosen once per reply, never inside the loop
+            reply = yield from engine._speculator.stream(engine, sampler, prompt, opts, utf8, stops)
+            yield from _finish(
+                n_prompt=len(prompt),
+                n_reused=n_reused,
+                generated=reply.generated,
+                parts=reply.parts,
+                finish=reply.finish,
+                stop_type=reply.stop_type,
+                utf8=utf8,
+                stops=stops,
+                t_start=t_start,
+                t_first=reply.t_first,
+                drafted=(reply.draft_n, reply.draft_n_accepted),
+            )
+            return
         generated: list[int] = []
         parts: list[str] = []
         finish: FinishReason = "length"

@@ -123,6 +123,61 @@ class KVCache:
             self._logits_address = address
         return self._logits_view
 
+    def decode_rows(
+        self, tokens: Sequence[int], start: int
+    ) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """Evaluate `tokens` (one batch) at positions start.., with logits for every one.
+
+        This is the verify step of speculative decoding; row i of the result is what the
+        model predicts after tokens[i]. The rows are a view of llama.cpp's buffer, valid
+        until the next decode.
+        """
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"{n} tokens do not fit one batch of {self.n_batch}")
+        batch = self._batch
+        token, pos, n_seq, seq_id, logits = (
+            batch.token,
+            batch.pos,
+            batch.n_seq_id,
+            batch.seq_id,
+            batch.logits,
+        )
+        for i, tok in enumerate(tokens):
+            token[i] = tok
+            pos[i] = start + i
+            n_seq[i] = 1
+            seq_id[i][0] = 0
+            logits[i] = 1
+        batch.n_tokens = n
+        rc = lc.llama_decode(self.ctx, batch)
+        if rc != 0:
+            self._decode_failed(rc, start + n)
+        del self.cached[start:]
+        self.cached.extend(tokens)
+        ptr = lc.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
+
+    def truncate(self, n: int) -> None:
+        """Remove the cells at positions n.. (drafted tokens the model did not keep).
+
+        A cache that cannot drop a partial range (recurrent models) is evaluated again up to
+        n, so the mirror and the cache stay equal either way.
+        """
+        if n >= len(self.cached):
+            return
+        if lc.llama_memory_seq_rm(self.mem, 0, n, -1):
+            del self.cached[n:]
+            return
+        keep = self.cached[:n]
+        self.clear()
+        if keep:
+            self.decode(keep, 0, logits_last=False)
+
+    def pos_max(self) -> int:
+        """The highest position llama.cpp holds for the sequence (-1 when empty)."""
+        return int(lc.llama_memory_seq_pos_max(self.mem, 0))
+
     def sync_after_failure(self) -> None:
         pos_max = lc.llama_memory_seq_pos_max(self.mem, 0)
         del self.cached[pos_max + 1 :]

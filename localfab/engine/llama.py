@@ -19,7 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp as lc
 
@@ -34,10 +34,14 @@ from localfab.engine.types import (
     FlashAttn,
     GenerationOptions,
     SamplingParams,
+    SpecSettings,
     TokenEvent,
 )
 from localfab.errors import ContextOverflow, LocalfabError, UsageError
 from localfab.modelfile import check_gguf_file
+
+if TYPE_CHECKING:
+    from localfab.engine.spec import Speculator
 
 __all__ = ["Engine", "backend_info", "measure_buffers", "physical_cores"]
 
@@ -64,6 +68,10 @@ class Engine:
         """
         self.path = Path(path)
         self.settings = s = settings or EngineSettings()
+        # Speculative decoding, when turned on (`set_speculation`); the stream picks its loop
+        # by this once per reply.
+        self._speculator: Speculator | None = None
+        self._exact_batch: dict[int, int] = {}
         check_gguf_file(self.path)
         native.ensure_backend()
         native.check_settings(s)
@@ -134,6 +142,10 @@ class Engine:
             lock.release()
 
     def _free(self) -> None:
+        spec: Speculator | None = getattr(self, "_speculator", None)
+        if spec is not None:
+            spec.close()
+            self._speculator = None
         kv: KVCache | None = getattr(self, "_kv", None)
         if kv is not None:
             kv.free()
@@ -318,6 +330,56 @@ class Engine:
             n = self._kv.reuse_prefix(tokens)
             self._kv.decode(list(tokens[n:]), n, logits_last=True)
             return n
+
+    # --- speculative decoding (see `spec`) ---------------------------------------------------
+
+    @property
+    def speculation(self) -> SpecSettings | None:
+        """The speculative decoding in use, None when off."""
+        return None if self._speculator is None else self._speculator.settings
+
+    @property
+    def speculation_batch(self) -> int:
+        """The most tokens one verify holds (the pending one and the draft); 0 when off."""
+        return 0 if self._speculator is None else self._speculator.max_batch
+
+    @property
+    def draft_engine(self) -> Engine | None:
+        """The draft model's engine with "draft-simple", else None."""
+        return None if self._speculator is None else self._speculator.draft_engine
+
+    def load_draft(self, path: str | Path, n_gpu_layers: int | None = None) -> Engine:
+        """Load a draft model for this engine; UsageError/ModelError if it cannot draft here."""
+        from localfab.engine.spec import load_draft
+
+        return load_draft(str(path), self, n_gpu_layers)
+
+    def set_speculation(self, settings: SpecSettings | None, draft: Engine | None = None) -> None:
+        """Use speculative decoding for the following replies (None or spec type "none": off).
+
+        "draft-simple" needs `draft` (see `load_draft`); the engine owns it from here on and
+        closes it with itself or when speculation changes. Turning it on measures how many
+        tokens one verify may hold (`spec.exact_batch`), which clears the cache; load the
+        engine with `EngineSettings(repack=False)` for long verifies.
+        """
+        if settings is not None and settings.enabled:
+            settings.check()
+            if settings.spec_type == "draft-simple" and draft is None:
+                raise UsageError("draft-simple speculation needs a loaded draft model")
+        with self._lock:
+            old = self._speculator
+            self._speculator = None
+            if settings is not None and settings.enabled:
+                from localfab.engine.spec import Speculator, exact_batch
+
+                use = draft if settings.spec_type == "draft-simple" else None
+                n = min(settings.draft_max + 1, self.n_batch)
+                if settings.exact and n not in self._exact_batch:  # once per engine and size
+                    self._exact_batch[n] = exact_batch(self, n)
+                batch = self._exact_batch[n] if settings.exact else n
+                self._speculator = Speculator(settings, use, batch)
+            if old is not None and old.draft_engine is not draft:
+                old.close()
 
     # --- generation (see `generation`) -------------------------------------------------------
 

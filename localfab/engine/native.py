@@ -26,7 +26,9 @@ from localfab.units import KV_CACHE_TYPES
 log = logging.getLogger("localfab.engine")
 
 # The KV cache types localfab offers, as ggml type ids (gguf's enum: the bindings lack BF16).
-GGML_TYPES = {name: int(GGMLQuantizationType[name.upper()]) for name in KV_CACHE_TYPES}
+GGML_TYPES: dict[str, int] = {
+    name: int(GGMLQuantizationType[name.upper()]) for name in KV_CACHE_TYPES
+}
 FLASH_ATTN: dict[FlashAttn, int] = {
     "auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -308,6 +310,7 @@ def load_model(
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = s.n_gpu_layers
     mparams.use_mmap = s.use_mmap
+    mparams.use_extra_bufts = s.repack
     watcher = _LoadProgress(progress) if progress is not None else None
     if watcher is not None:
         # The ctypes callback object must outlive the call that uses it: it is kept on the

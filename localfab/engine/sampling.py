@@ -188,6 +188,12 @@ class GuardedSampler:
             raise LocalfabError(f"the sampler chose token {tok}, which the grammar forbids")
         return tok
 
+    def sample_at(self, logits: np.ndarray, index: int) -> int:
+        """Like `sample`, for output `index` of the last batch (`logits` are that row)."""
+        if self._native:
+            return int(lc.llama_sampler_sample(self.chain, self._ctx, index))
+        return self.sample(logits)
+
     def accept(self, token: int) -> None:
         """Record `token` as chosen (grammar state, repetition penalties)."""
         if self.grammar is not None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
+from localfab.errors import UsageError
 from localfab.units import KV_CACHE_TYPES, SAMPLING, completion_tokens, usage
 
 FlashAttn = Literal["auto", "on", "off"]
@@ -40,6 +41,10 @@ class EngineSettings:
     # the GPU cannot hold the extra compute buffer.
     op_offload: bool = True
     warmup: bool = True  # one throw-away decode at load so the first request is not slow
+    # Repack weights for llama.cpp's faster CPU matrix kernels. Speculative decoding turns it
+    # off: a batch of 4 or more tokens then uses other kernels than one token, whose last bits
+    # differ, and a verified draft must see the logits plain decoding would.
+    repack: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,59 @@ class SamplingParams:
 
 
 ContextFull = Callable[[list[int]], Sequence[int] | None]
+
+# Ways to draft tokens for speculative decoding, by llama-server's names (--spec-type).
+SpecType = Literal["none", "ngram-simple", "draft-simple"]
+SPEC_TYPES: tuple[SpecType, ...] = ("none", "ngram-simple", "draft-simple")
+DRAFT_MAX_LIMIT = 64  # the most tokens one draft may hold (--draft-max)
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """Speculative decoding: how tokens are drafted and how many (llama-server's meanings).
+
+    `spec_type` "ngram-simple" drafts from n-grams of the prompt and the reply so far;
+    "draft-simple" asks the draft model `model_draft` (same vocabulary, drafting greedily).
+    `draft_max` caps a draft; shorter drafts than `draft_min` are not verified; the draft
+    model stops drafting below probability `draft_p_min`. With `adaptive` the draft length
+    follows the measured acceptance and speculation pauses while it costs more than it saves;
+    without, every draft is as long as the lookup allows (tests and benchmarks). With `exact`
+    a verify holds no more tokens than llama.cpp computes exactly as it computes one (see
+    `spec.exact_batch`), so the text is plain decoding's; without, drafts may be as long as
+    `draft_max`, as in llama-server, and a near tie may be broken the other way.
+    """
+
+    spec_type: SpecType = "none"
+    draft_max: int = 16
+    draft_min: int = 0
+    draft_p_min: float = 0.75
+    model_draft: str | None = None
+    n_gpu_layers_draft: int | None = None
+    adaptive: bool = True
+    exact: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.spec_type != "none"
+
+    def check(self) -> None:
+        """UsageError naming the setting for a value speculation cannot use."""
+        if self.spec_type not in SPEC_TYPES:
+            raise UsageError(
+                f"--spec-type must be one of {', '.join(SPEC_TYPES)}, not {self.spec_type!r}"
+            )
+        if not 1 <= self.draft_max <= DRAFT_MAX_LIMIT:
+            raise UsageError(
+                f"--draft-max must be 1 to {DRAFT_MAX_LIMIT} tokens, not {self.draft_max}"
+            )
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise UsageError(
+                f"--draft-min must be 0 to --draft-max ({self.draft_max}), not {self.draft_min}"
+            )
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise UsageError(f"--draft-p-min must be a number from 0 to 1, not {self.draft_p_min}")
+        if self.spec_type == "draft-simple" and not self.model_draft:
+            raise UsageError("--spec-type draft-simple needs a draft model: give it with -md FILE")
 
 
 @dataclass(frozen=True)
@@ -109,6 +167,14 @@ class Timings:
     # The energy the reply took, where the machine reports power (see localfab.energy).
     energy_j: float | None = None
     energy_source: str = ""
+    # Speculative decoding: tokens drafted, and how many of them the model kept.
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+
+    @property
+    def draft_acceptance(self) -> float:
+        """The share of drafted tokens that were kept (0.0 when nothing was drafted)."""
+        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
 
     @property
     def prompt_per_token_ms(self) -> float:
@@ -139,6 +205,9 @@ class Timings:
             "predicted_per_token_ms": self.predicted_per_token_ms,
             "predicted_per_second": self.predicted_per_second,
         }
+        if self.draft_n:  # as llama-server: only for a reply that drafted
+            out["draft_n"] = self.draft_n
+            out["draft_n_accepted"] = self.draft_n_accepted
         if self.energy_j is not None:
             out["energy_j"] = self.energy_j
             out["tokens_per_j"] = self.predicted_n / self.energy_j if self.energy_j > 0 else None

@@ -51,6 +51,7 @@ class ModelInfo:
     total_layers: int
     plan: tuple[str, ...] = ()
     notices: tuple[str, ...] = ()
+    threads: int = 0  # the engine's decode threads (0: not known)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class ReplyFinished:
     tokens_per_second: float
     continues: int = 0
     joules_per_token: float | None = None  # where the machine reports power (see `energy`)
+    draft_acceptance: float | None = None  # drafted tokens kept, with speculative decoding
 
 
 ReplyEvent = ReplyText | WindowShifted | ReplyContinued | ReplyFinished
@@ -381,6 +383,9 @@ def _translate(
                 tokens_per_second=steps / decode_ms * 1e3 if decode_ms > 0 else 0.0,
                 continues=event.continues,
                 joules_per_token=per_token,
+                draft_acceptance=(
+                    event.timings.draft_acceptance if event.timings.draft_n else None
+                ),
             )
         elif isinstance(event, Shifted):
             yield WindowShifted(event.turns, event.tokens, event.reprocessed)
@@ -404,7 +409,7 @@ def model_loader(
     """
 
     def load(progress: ProgressCallback, cancel: threading.Event) -> Loaded:
-        from localfab.runtime import choose_model, wishes_from_options
+        from localfab.runtime import choose_model, speculation_from, wishes_from_options
 
         progress(LoadProgress("finding and planning the model", 0.0, name))
         choice = choose_model(name, paths, wishes or wishes_from_options(config, ctx_size=ctx_size))
@@ -415,7 +420,11 @@ def model_loader(
         if cancel.is_set():
             raise LoadCancelled()
         started = time.monotonic()
-        loaded = choice.open(progress=weights_progress(progress, cancel, detail))
+        # Speculative decoding as config.toml's [speculative] says (off unless set there).
+        speculative = speculation_from(config, paths)
+        loaded = choice.open(
+            progress=weights_progress(progress, cancel, detail), speculative=speculative
+        )
         if cancel.is_set():
             loaded.close()
             raise LoadCancelled()
@@ -428,6 +437,7 @@ def model_loader(
             total_layers=chosen.n_layer,
             plan=tuple(plan_lines),
             notices=tuple(loaded.notices),
+            threads=loaded.engine.n_threads,
         )
         return Loaded(loaded.engine, loaded.prompts, info, loaded.close, plan=chosen)
 

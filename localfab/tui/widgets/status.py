@@ -69,9 +69,13 @@ class StatusBar(Horizontal):
         label.update(text)
         label.set_class(total > 0 and used / total > 0.9, "full")
 
-    def show_speed(self, ttft_ms: float | None, tok_s: float | None) -> None:
+    def show_speed(
+        self, ttft_ms: float | None, tok_s: float | None, draft_acceptance: float | None = None
+    ) -> None:
         ttft = "TTFT —" if ttft_ms is None else f"TTFT {duration(ttft_ms)}"
         speed = "— tok/s" if tok_s is None else f"{tok_s:,.1f} tok/s"
+        if draft_acceptance is not None:  # speculative decoding: the share of drafts kept
+            speed += f" (draft {draft_acceptance:.0%})"
         self.query_one("#status-ttft", Label).update(ttft)
         self.query_one("#status-speed", Label).update(speed)
 

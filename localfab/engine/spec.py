@@ -1,0 +1,548 @@
+"""Speculative decoding: draft a few tokens cheaply, verify them in one decode of the model.
+
+Drafts come from n-grams of the prompt and the reply so far (`NgramDraft`, llama.cpp's
+"ngram-simple") or from a small draft model of the same vocabulary (`ModelDraft`,
+"draft-simple"). The model evaluates the pending token and the draft in one batch with logits
+for every position; at each position it samples with its own sampler chain, exactly as without
+speculation, and a drafted token is kept only when it equals that sample. The first mismatch
+ends the run with the model's own token, and the cells of the tokens not kept leave the KV
+cache. So the text is the same as without speculation at temperature 0 and the distribution
+the same at any temperature; stop strings, grammar, biases, cancel, max_tokens and a full
+window are handled token by token as in the plain loop.
+
+Plain decoding must be matched bit for bit, or a near tie between two tokens could be broken
+the other way. llama.cpp computes a batch with other CPU kernels than one token in three cases:
+repacked weights from 4 tokens on (a model loaded with `EngineSettings(repack=False)` avoids
+that, at some cost to plain decoding), other matrix kernels from 8 tokens on (so a verify holds
+no more tokens than `exact_batch` measures), and flash attention split over the threads for
+one token once the cache spans 512 padded cells (past 256 tokens). That last one cannot be
+avoided from here: past it a verified position's logits may differ in the last bits, as with
+llama-server's own speculation, and a near tie may go the other way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import llama_cpp as lc
+import numpy as np
+
+from localfab.engine.generation import _argmax_without, _make_room, _probs, rank
+from localfab.engine.kvcache import KVCache
+from localfab.engine.sampling import GuardedSampler
+from localfab.engine.text import StopMatcher, Utf8Stream
+from localfab.engine.types import (
+    FinishReason,
+    GenerationOptions,
+    SpecSettings,
+    StopType,
+    TokenEvent,
+)
+
+if TYPE_CHECKING:
+    from localfab.engine.llama import Engine
+
+log = logging.getLogger("localfab.engine")
+
+Logits = np.ndarray[Any, np.dtype[np.float32]]
+
+# N-gram lengths the lookup tries, longest first.
+NGRAM_SIZES = (4, 3, 2)
+
+
+class Drafter(Protocol):
+    """Proposes the tokens likely to follow the history (prompt and reply so far)."""
+
+    #: Whether a one-token guess is free, so acceptance can be watched while not drafting.
+    cheap: bool
+
+    def reset(self, tokens: Sequence[int]) -> None: ...
+
+    def push(self, token: int) -> None: ...
+
+    def rebase(self, tokens: Sequence[int]) -> None: ...
+
+    def draft(self, n: int) -> list[int]: ...
+
+
+class NgramDraft:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the last n-gram.
+
+    For every n in `NGRAM_SIZES` a dict maps each n-gram of the history to where its most
+    recent follower starts; it is updated as tokens arrive, so a lookup is a few dict reads.
+    """
+
+    cheap = True
+
+    def __init__(self, sizes: Sequence[int] = NGRAM_SIZES) -> None:
+        self.sizes = tuple(sizes)
+        self.tokens: list[int] = []
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        self.tokens = []
+        for m in self.maps.values():
+            m.clear()
+        for tok in tokens:
+            self.push(tok)
+
+    def push(self, token: int) -> None:
+        toks = self.tokens
+        toks.append(token)
+        end = len(toks) - 1  # the new token follows the n-gram that ends just before it
+        for n, m in self.maps.items():
+            if end >= n:
+                m[tuple(toks[end - n : end])] = end
+
+    def rebase(self, tokens: Sequence[int]) -> None:
+        """The window moved: lookups keep using the whole history, which is still text."""
+
+    def draft(self, n: int) -> list[int]:
+        toks = self.tokens
+        size = len(toks)
+        for k, m in self.maps.items():
+            if size < k:
+                continue
+            at = m.get(tuple(toks[size - k :]))
+            if at is not None:
+                return toks[at : at + n]
+        return []
+
+
+class ModelDraft:
+    """A small model of the same vocabulary drafting greedily in its own context.
+
+    Its cache follows the model's: before each draft it is shifted as the model's was
+    (`KVCache.align_to`), reuses the common prefix and evaluates only what it lacks, so it stays
+    in sync across turns and context shifts.
+    """
+
+    cheap = False
+
+    def __init__(self, engine: Engine, p_min: float) -> None:
+        self.engine = engine
+        self.kv: KVCache = engine._kv
+        self.p_min = p_min
+        self.tokens: list[int] = []
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        self.tokens = list(tokens)
+
+    def push(self, token: int) -> None:
+        self.tokens.append(token)
+
+    def rebase(self, tokens: Sequence[int]) -> None:
+        self.tokens = list(tokens)
+
+    def _sync(self) -> None:
+        kv, toks = self.kv, self.tokens
+        if len(toks) > kv.n_ctx:
+            del toks[: len(toks) - kv.n_ctx]
+        kv.align_to(toks)
+        n = kv.reuse_prefix(toks)
+        kv.decode(toks[n:], n, logits_last=True)
+
+    def draft(self, n: int) -> list[int]:
+        kv = self.kv
+        n = min(n, kv.n_ctx - len(self.tokens))
+        if n <= 0:
+            return []
+        self._sync()
+        out: list[int] = []
+        p_min = self.p_min
+        while True:
+            logits = kv.logits()
+            tok = int(logits.argmax())
+            if p_min > 0.0:
+                peak = float(logits[tok])
+                p = 1.0 / float(np.exp(logits - peak, dtype=np.float32).sum())
+                if p < p_min:
+                    break
+            out.append(tok)
+            if len(out) >= n:
+                break
+            kv.decode_one(tok)
+        return out
+
+
+@dataclass
+class SpecCosts:
+    """What a decode costs on this machine, kept by the engine across replies (seconds)."""
+
+    one: float = 0.0  # one token
+    per_draft: float = 0.0  # what a verify adds per drafted token
+
+
+_EMA = 0.2  # weight of the newest measurement
+_PRIOR = 0.6  # acceptance assumed before any is measured
+_PROBE_EVERY = 32  # plain tokens before a draft model that did not pay is tried again
+
+
+@dataclass
+class Tuner:
+    """Draft length from measured acceptance and cost; zero while speculation does not pay.
+
+    `accept` is the chance that a drafted token is kept (an average over recent drafts and,
+    while not drafting, over free one-token guesses). A draft of k tokens is expected to
+    yield (1 - a^(k+1)) / (1 - a) tokens for the cost of one decode plus k drafted tokens;
+    the chosen k is the one with the most tokens per second, 0 (plain decoding) included.
+    """
+
+    costs: SpecCosts
+    adaptive: bool = True
+    k_max: int = 16
+    cheap: bool = True  # free one-token guesses keep `accept` current while not drafting
+    accept: float = _PRIOR
+    _best: int = field(default=-1, repr=False)
+    _idle: int = field(default=0, repr=False)
+
+    def length(self, limit: int) -> int:
+        """How many tokens to draft now, at most `limit`."""
+        if not self.adaptive:
+            return limit
+        if self._best < 0:
+            self._best = self._choose()
+        return min(self._best, limit)
+
+    def _choose(self) -> int:
+        one, per = self.costs.one, self.costs.per_draft
+        if one <= 0.0:
+            return self.k_max  # not measured yet: try, and measure
+        a = min(self.accept, 0.999)
+        best_k, best_rate = 0, 1.0 / one
+        for k in range(1, self.k_max + 1):
+            rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (one + k * per)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def plain(self, seconds: float) -> None:
+        c = self.costs
+        c.one = seconds if c.one <= 0.0 else c.one + _EMA * (seconds - c.one)
+        self._best = -1
+        if not self.cheap:
+            # Without free guesses, try drafting again now and then.
+            self._idle += 1
+            if self._idle >= _PROBE_EVERY:
+                self._idle = 0
+                self.accept = max(self.accept, _PRIOR)
+
+    def verify(self, n_draft: int, n_kept: int, seconds: float) -> None:
+        c = self.costs
+        if c.one > 0.0:
+            per = max(0.0, seconds - c.one) / n_draft
+            c.per_draft = per if c.per_draft <= 0.0 else c.per_draft + _EMA * (per - c.per_draft)
+        # A run that ends early says the next token is where drafts go wrong: one weight per
+        # drafted token seen, the rejected one included.
+        seen = min(n_kept + 1, n_draft)
+        self.accept += (1.0 - (1.0 - _EMA) ** seen) * (n_kept / seen - self.accept)
+        self._best = -1
+        self._idle = 0
+
+    def guess(self, right: bool) -> None:
+        """A free one-token guess made while not drafting was right or wrong."""
+        self.accept += _EMA * ((1.0 if right else 0.0) - self.accept)
+        self._best = -1
+
+
+class _Reply:
+    """The tokens of one reply as the plain loop handles them, one position at a time."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sampler: GuardedSampler | None,
+        opts: GenerationOptions,
+        utf8: Utf8Stream,
+        stops: StopMatcher,
+    ) -> None:
+        self.vocab = engine._vocab
+        self.token_bytes = engine.token_bytes
+        self.sampler = sampler
+        self.opts = opts
+        self.utf8 = utf8
+        self.stops = stops
+        self.generated: list[int] = []
+        self.parts: list[str] = []
+        self.finish: FinishReason = "length"
+        self.stop_type: StopType = "limit"
+        self.t_first = 0.0
+        self.draft_n = 0
+        self.draft_n_accepted = 0
+        self.eog: np.ndarray[Any, np.dtype[Any]] | None = None
+        if sampler is None and opts.sampling.ignore_eos:
+            self.eog = np.array(engine.eog_tokens())
+
+    def pick(self, logits: Logits, index: int) -> int:
+        sampler = self.sampler
+        if sampler is not None:
+            return sampler.sample_at(logits, index)
+        tok = int(logits.argmax())
+        if self.eog is not None and tok in self.eog:
+            tok = _argmax_without(logits, self.eog)
+        return tok
+
+    def step(self, logits: Logits, index: int) -> TokenEvent | None:
+        """Sample at one position and take the token; None when it ends the reply (eos)."""
+        n_probs = self.opts.n_probs
+        ranked = rank(logits, n_probs, self.token_bytes) if n_probs > 0 else None
+        tok = self.pick(logits, index)
+        generated = self.generated
+        if not generated:
+            self.t_first = time.perf_counter()
+        if lc.llama_vocab_is_eog(self.vocab, tok):
+            self.finish, self.stop_type = "stop", "eos"
+            return None
+        if self.sampler is not None:
+            self.sampler.accept(tok)
+        generated.append(tok)
+        piece = self.token_bytes(tok)
+        text = self.stops.feed(self.utf8.feed(piece))
+        if text:
+            self.parts.append(text)
+        probs = None if ranked is None else _probs(ranked, piece, logits, tok)
+        return TokenEvent(tok, text, probs)
+
+    def ended(self) -> bool:
+        """After a token was yielded: whether a stop string, a cancel or max_tokens ends it."""
+        if self.stops.matched is not None:
+            self.finish, self.stop_type = "stop", "word"
+            return True
+        cancel = self.opts.cancel
+        if cancel is not None and cancel.is_set():
+            self.finish, self.stop_type = "cancelled", "cancel"
+            return True
+        return len(self.generated) == self.opts.max_tokens
+
+
+# Batch sizes probed for bit-identical logits (the pending token and up to 15 drafted ones).
+_PROBE_MAX = 16
+_PROBE_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the farmer counts his sheep and the "
+    "children sing in the old school by the river. In the evening, 42 lamps were lit; "
+    "nobody knew why the bell rang twice, or who had left the gate open at the mill."
+)
+
+
+def exact_batch(engine: Engine, n_max: int = _PROBE_MAX) -> int:
+    """The largest batch whose logits equal, bit for bit, those of one-token decodes.
+
+    llama.cpp switches to other CPU kernels for larger batches (8 tokens and more here, 4
+    with repacked weights), whose results differ in the last bits; verifying no more tokens
+    at once than this keeps a verified position's logits those of plain decoding. Clears the
+    cache.
+    """
+    kv = engine._kv
+    # Some kernels change with the length of the cache too: probe near 256 cells, the most
+    # the one-token attention keeps to one thread, with one prefill and short verifies.
+    toks = engine.tokenize(_PROBE_TEXT * 5)[: min(240, kv.n_ctx - 1)]
+    n_max = max(1, min(n_max, len(toks) // 2, kv.n_batch))
+    head, tail = toks[: len(toks) - n_max], toks[len(toks) - n_max :]
+    kv.clear()
+    try:
+        kv.decode(head, 0)
+        want = []
+        for tok in tail:
+            kv.decode_one(tok)
+            want.append(kv.logits().copy())
+        best = 1
+        for b in range(2, n_max + 1):
+            kv.truncate(len(head))
+            rows = kv.decode_rows(tail[:b], len(head))
+            if not all(np.array_equal(rows[i], want[i]) for i in range(b)):
+                break
+            best = b
+    finally:
+        kv.clear()
+    return best
+
+
+class Speculator:
+    """The speculative token loop of an engine (one per engine; see `Engine.set_speculation`).
+
+    `max_batch` caps a verify (the pending token and the draft) at the size `exact_batch`
+    found to give the logits of plain decoding.
+    """
+
+    def __init__(
+        self, settings: SpecSettings, draft: Engine | None = None, max_batch: int = _PROBE_MAX
+    ) -> None:
+        self.settings = settings
+        self.draft_engine = draft
+        self.max_batch = max_batch
+        self.costs = SpecCosts()
+        self.drafter: Drafter = (
+            ModelDraft(draft, settings.draft_p_min) if draft is not None else NgramDraft()
+        )
+
+    def close(self) -> None:
+        if self.draft_engine is not None:
+            self.draft_engine.close()
+            self.draft_engine = None
+
+    def stream(
+        self,
+        engine: Engine,
+        sampler: GuardedSampler | None,
+        prompt: Sequence[int],
+        opts: GenerationOptions,
+        utf8: Utf8Stream,
+        stops: StopMatcher,
+    ) -> Generator[TokenEvent, None, _Reply]:
+        """Generate after `prompt` (already in the cache): the events, then how it ended."""
+        reply = _Reply(engine, sampler, opts, utf8, stops)
+        yield from self._run(engine._kv, reply, prompt)
+        return reply
+
+    def _run(
+        self, kv: KVCache, reply: _Reply, prompt: Sequence[int]
+    ) -> Generator[TokenEvent, None, None]:
+        s = self.settings
+        drafter = self.drafter
+        drafter.reset(prompt)
+        tuner = Tuner(self.costs, adaptive=s.adaptive, k_max=s.draft_max, cheap=drafter.cheap)
+        event = reply.step(kv.logits(), -1)
+        stop = event is None
+        if event is not None:
+            yield event
+            stop = reply.ended()
+        generated = reply.generated
+        cached = kv.cached
+        n_ctx = kv.n_ctx
+        opts = reply.opts
+        max_tokens = opts.max_tokens
+        n_pushed = 0
+        while not stop:
+            for tok in generated[n_pushed:]:
+                drafter.push(tok)
+            n_pushed = len(generated)
+            pending = generated[-1]
+            if len(cached) >= n_ctx:
+                if not _make_room(kv, opts.on_context_full, generated):
+                    reply.stop_type = "context"
+                    return
+                drafter.rebase([*cached, pending])
+            room = min(n_ctx - len(cached), self.max_batch) - 1
+            if max_tokens > 0:
+                room = min(room, max_tokens - len(generated) - 1)
+            k = tuner.length(min(room, s.draft_max))
+            t0 = time.perf_counter()
+            drafts = drafter.draft(k) if k > 0 else []
+            if drafts and len(drafts) >= s.draft_min:
+                stop = yield from self._verify(kv, reply, tuner, pending, drafts, t0)
+                continue
+            guess = drafter.draft(1) if drafter.cheap and s.adaptive else []
+            t0 = time.perf_counter()
+            kv.decode_one(pending)
+            tuner.plain(time.perf_counter() - t0)
+            event = reply.step(kv.logits(), -1)
+            if event is None:
+                return
+            if guess:
+                tuner.guess(guess[0] == event.token)
+            yield event
+            stop = reply.ended()
+
+    def _verify(
+        self,
+        kv: KVCache,
+        reply: _Reply,
+        tuner: Tuner,
+        pending: int,
+        drafts: list[int],
+        t_draft: float,
+    ) -> Generator[TokenEvent, None, bool]:
+        """One decode of the pending token and the draft; take tokens while they match."""
+        n0 = len(kv.cached)
+        rows = kv.decode_rows([pending, *drafts], n0)
+        seconds = time.perf_counter() - t_draft
+        n_draft = len(drafts)
+        reply.draft_n += n_draft
+        i = 0
+        kept = 0
+        stop = False
+        try:
+            while True:
+                event = reply.step(rows[i], i)
+                if event is None:
+                    stop = True
+                    break
+                right = i < n_draft and event.token == drafts[i]
+                kept += right
+                yield event
+                stop = reply.ended()
+                if stop or not right:
+                    break
+                i += 1
+        finally:
+            # Keep the pending token and the drafted tokens taken before the last position;
+            # the token sampled at position i is evaluated by the next step, as in the plain
+            # loop. Runs when the consumer closes the stream too.
+            kv.truncate(n0 + 1 + i)
+        reply.draft_n_accepted += kept
+        tuner.verify(n_draft, kept, seconds)
+        return stop
+
+
+def load_draft(path: str, target: Engine, n_gpu_layers: int | None) -> Engine:
+    """Load the draft model for `target`; ModelError/UsageError when it cannot draft for it."""
+    from localfab.engine.llama import Engine
+    from localfab.engine.types import EngineSettings
+    from localfab.errors import UsageError
+    from localfab.units import format_bytes
+
+    s = target.settings
+    settings = EngineSettings(
+        n_ctx=target.n_ctx,
+        n_gpu_layers=s.n_gpu_layers if n_gpu_layers is None else n_gpu_layers,
+        n_threads=target.n_threads,
+        n_threads_batch=target.n_threads_batch,
+        n_batch=min(s.n_batch, 512),
+        n_ubatch=min(s.n_ubatch, 512),
+        flash_attn=s.flash_attn,
+        swa_full=True,
+        warmup=s.warmup,
+    )
+    draft = Engine(path, settings)
+    try:
+        check_vocab(draft, target)
+        if draft.size > target.size:
+            raise UsageError(
+                f"the draft model {path} ({format_bytes(draft.size)}) is larger than the "
+                f"model ({format_bytes(target.size)}): it would slow decoding down; "
+                "pick a smaller draft model"
+            )
+    except BaseException:
+        draft.close()
+        raise
+    return draft
+
+
+# llama.cpp's speculative example allows this many extra tokens in one of the vocabularies.
+_VOCAB_SLACK = 128
+
+
+def check_vocab(draft: Engine, target: Engine) -> None:
+    """UsageError unless `draft` tokenizes as `target` does (llama.cpp's own checks)."""
+    from localfab.errors import UsageError
+
+    where = f"the draft model {draft.path.name} cannot draft for {target.path.name}"
+    dv, tv = draft._vocab, target._vocab
+    if lc.llama_vocab_type(dv) != lc.llama_vocab_type(tv):
+        raise UsageError(f"{where}: its tokenizer is of another kind")
+    if abs(draft.n_vocab - target.n_vocab) > _VOCAB_SLACK:
+        raise UsageError(
+            f"{where}: its vocabulary has {draft.n_vocab} tokens, the model's {target.n_vocab}"
+        )
+    if draft.bos_token != target.bos_token or draft.eos_token != target.eos_token:
+        raise UsageError(f"{where}: its start and end tokens differ")
+    n = min(draft.n_vocab, target.n_vocab)
+    step = max(1, math.ceil(n / 8192))  # a sample across the whole vocabulary
+    for t in range(5, n, step):
+        if lc.llama_vocab_get_text(dv, t) != lc.llama_vocab_get_text(tv, t):
+            raise UsageError(f"{where}: token {t} differs between the vocabularies")

@@ -1,0 +1,337 @@
+"""Speculative decoding benchmark: localfab's engine against llama-server's ngram modes.
+
+Three tasks, each greedy, each side by side in one run (alternating, so drift on a shared
+machine hits every contender alike), medians over --runs:
+
+- rewrite: a text of ~300 words to copy with small edits. localfab without speculation, with
+  ngram-simple, and llama-server (same llama.cpp build) with --spec-type ngram-simple,
+  ngram-map-k, ngram-mod and ngram-cache. Decode tok/s, acceptance, and whether localfab's
+  speculative text is its plain text; also localfab with --no-spec-exact and 48-token drafts,
+  as llama-server drafts.
+- free: free-form text with no overlap with the prompt (sampled at temperature 0.8 with one
+  seed per run, the same for both, as a small model loops when greedy): localfab with
+  ngram-simple must stay within 0.97x of no speculation.
+- draft: the test model as its own draft model (shows the mechanics only): acceptance and
+  speed against no speculation.
+
+Decode tok/s is the engine's own figure (predicted_n / predicted_ms, llama-server's
+`timings.predicted_per_second` for llama-server). Run it on a quiet machine.
+
+Usage: python scripts/bench.py spec [--model GGUF] [--llama-server PATH] [--runs 3]
+       [--tokens 400] [--threads N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LLAMA_SERVER = "/tmp/llb/build/bin/llama-server"
+SERVER_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+
+TEXT = (
+    "The old lighthouse stood on the rocky point for more than a century. Its keeper, a quiet "
+    "man named Thomas, climbed the spiral stairs every evening to light the lamp. Ships passing "
+    "in the night relied on its steady beam to avoid the dangerous reef below. In winter the "
+    "storms were fierce, and waves crashed against the walls, but the light never failed. The "
+    "villagers often brought Thomas bread and fish, and in return he told them stories about "
+    "the ships he had seen. One night a small boat lost its way in the fog, and Thomas rang the "
+    "great bell until the sailors found the harbor. The next morning the fishermen came to "
+    "thank him, carrying baskets of apples and a bottle of wine from the valley. Thomas smiled "
+    "and said that the sea had been kind to them all. Years later, when the lighthouse was "
+    "replaced by an automatic beacon, the villagers kept the old lamp in the church as a "
+    "reminder of the man who had watched over them. Children still climb the hill on summer "
+    "evenings to look at the tower, and their grandparents tell them how the keeper never "
+    "missed a single night in forty years. The stones of the tower are grey and worn, and moss "
+    "grows between them, yet the building stands as firmly as ever against the wind. Every "
+    "spring a painter from the city comes to draw it, and every autumn the gulls return to "
+    "nest on its ledges. Some say that on stormy nights a faint light still shines from the "
+    "top window, though no one has lived there for a long time. The harbor master laughs at "
+    "such stories, but he too looks up at the tower before the boats go out. In the end the "
+    "lighthouse belongs to the whole village, and the village belongs to the sea."
+)
+REWRITE = (
+    "<start_of_turn>user\nRewrite the following text exactly, word for word, but change the "
+    f"name Thomas to Peter and the word village to town:\n\n{TEXT}<end_of_turn>\n"
+    "<start_of_turn>model\n"
+)
+FREE = (
+    "<start_of_turn>user\nWrite a long, original story about a robot who learns to cook "
+    "soup in a space station kitchen.<end_of_turn>\n<start_of_turn>model\n"
+)
+
+
+@dataclass
+class Result:
+    name: str
+    decode_tok_s: float
+    tokens: int
+    draft_n: int
+    draft_n_accepted: int
+    text: str = ""
+
+    @property
+    def acceptance(self) -> float:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def llama_server(binary: str, model: str, spec_type: str, threads: int) -> Iterator[str]:
+    """llama-server with one speculative type, on a free port; its URL while it runs."""
+    port = _free_port()
+    cmd = [
+        binary, "-m", model, "--port", str(port), "-c", "4096", "-np", "1",
+        "-t", str(threads), "--spec-type", spec_type, "--no-webui",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"llama-server --spec-type {spec_type} exited ({proc.returncode})"
+                )
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("llama-server never became healthy")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def server_reply(url: str, name: str, prompt: str, n_tokens: int) -> Result:
+    body = {
+        "prompt": prompt,
+        "n_predict": n_tokens,
+        "temperature": 0,
+        "cache_prompt": False,
+    }
+    r = httpx.post(url + "/completion", json=body, timeout=600)
+    r.raise_for_status()
+    data = r.json()
+    t = data.get("timings", {})
+    return Result(
+        name,
+        float(t.get("predicted_per_second", 0.0)),
+        int(t.get("predicted_n", 0)),
+        int(t.get("draft_n", 0)),
+        int(t.get("draft_n_accepted", 0)),
+        data.get("content", ""),
+    )
+
+
+def engine_reply(
+    engine: Any, name: str, prompt: list[int], n_tokens: int, seed: int | None = None
+) -> Result:
+    """A reply from a fresh cache: greedy, or sampled with `seed` (free text that must not
+    loop, which a small model does greedily)."""
+    from localfab.engine import SamplingParams
+
+    sampling = (
+        SamplingParams.greedy()
+        if seed is None
+        else SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=seed)
+    )
+    engine.clear_cache()
+    done = engine.generate(prompt, max_tokens=n_tokens, sampling=sampling)
+    t = done.timings
+    return Result(
+        name,
+        t.predicted_per_second,
+        t.predicted_n,
+        t.draft_n,
+        t.draft_n_accepted,
+        done.text,
+    )
+
+
+def median(results: list[Result]) -> Result:
+    """The run with the median decode speed (its text and counts come with it)."""
+    ordered = sorted(results, key=lambda r: r.decode_tok_s)
+    mid = ordered[len(ordered) // 2]
+    return Result(
+        mid.name,
+        statistics.median(r.decode_tok_s for r in results),
+        mid.tokens,
+        mid.draft_n,
+        mid.draft_n_accepted,
+        mid.text,
+    )
+
+
+def local_contenders(model: str, threads: int) -> dict[str, Any]:
+    from localfab.engine import Engine, EngineSettings
+    from localfab.engine.types import SpecSettings
+
+    settings = EngineSettings(n_ctx=4096, n_threads=threads)
+    plain = Engine(model, settings)
+    ngram = Engine(model, settings)
+    ngram.set_speculation(SpecSettings(spec_type="ngram-simple"))
+    loose = Engine(model, settings)
+    loose.set_speculation(SpecSettings(spec_type="ngram-simple", exact=False, draft_max=48))
+    drafted = Engine(model, settings)
+    drafted.set_speculation(
+        SpecSettings(spec_type="draft-simple", model_draft=model, draft_p_min=0.0),
+        drafted.load_draft(model),
+    )
+    return {
+        "localfab": plain,
+        "localfab ngram-simple": ngram,
+        "localfab ngram-simple no-exact": loose,
+        "localfab draft-simple": drafted,
+    }
+
+
+def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the three tasks; returns the report (and prints it)."""
+    engines = local_contenders(args.model, args.threads)
+    plain = engines["localfab"]
+    rewrite = plain.tokenize(REWRITE)
+    free = plain.tokenize(FREE)
+    runs: dict[str, list[Result]] = {}
+
+    def add(r: Result, task: str) -> None:
+        runs.setdefault(f"{task}: {r.name}", []).append(r)
+
+    for name, engine in engines.items():  # warm-up, not measured
+        engine_reply(engine, name, rewrite, 16)
+    for run in range(args.runs):
+        for name in ("localfab", "localfab ngram-simple", "localfab ngram-simple no-exact"):
+            add(engine_reply(engines[name], name, rewrite, args.tokens), "rewrite")
+        for name in ("localfab", "localfab ngram-simple"):
+            add(engine_reply(engines[name], name, free, args.tokens, seed=run), "free")
+        for name in ("localfab", "localfab draft-simple"):
+            add(engine_reply(engines[name], name, free, args.tokens), "draft")
+    for engine in engines.values():
+        engine.close()
+    if Path(args.llama_server).exists():
+        for spec_type in SERVER_TYPES:
+            try:
+                with llama_server(args.llama_server, args.model, spec_type, args.threads) as url:
+                    for _ in range(args.runs):
+                        r = server_reply(url, f"llama-server {spec_type}", REWRITE, args.tokens)
+                        add(r, "rewrite")
+            except (RuntimeError, httpx.HTTPError) as exc:
+                print(f"llama-server --spec-type {spec_type}: {exc}", file=sys.stderr)
+    medians = {key: median(rs) for key, rs in runs.items()}
+    report = _report(medians)
+    print(json.dumps(report, indent=2) if args.json else _render(report))
+    return report
+
+
+def _report(m: dict[str, Result]) -> dict[str, Any]:
+    base = m["rewrite: localfab"]
+    spec = m["rewrite: localfab ngram-simple"]
+    loose = m["rewrite: localfab ngram-simple no-exact"]
+    servers = {k: v for k, v in m.items() if k.startswith("rewrite: llama-server")}
+    best_server = max(servers.values(), key=lambda r: r.decode_tok_s, default=None)
+    first_diff = next(
+        (i for i, (a, b) in enumerate(zip(base.text, spec.text, strict=False)) if a != b),
+        None if len(base.text) == len(spec.text) else min(len(base.text), len(spec.text)),
+    )
+    free_base, free_spec = m["free: localfab"], m["free: localfab ngram-simple"]
+    draft_base, draft_spec = m["draft: localfab"], m["draft: localfab draft-simple"]
+    return {
+        "results": {k: asdict(v) | {"acceptance": v.acceptance} for k, v in m.items()},
+        "rewrite_speedup": spec.decode_tok_s / base.decode_tok_s,
+        "rewrite_identical_text": spec.text == base.text,
+        "rewrite_first_difference_at_char": first_diff,
+        "rewrite_acceptance": spec.acceptance,
+        "rewrite_no_exact_speedup": loose.decode_tok_s / base.decode_tok_s,
+        "rewrite_no_exact_identical_text": loose.text == base.text,
+        "rewrite_no_exact_vs_best_llama_server": (
+            loose.decode_tok_s / best_server.decode_tok_s if best_server else None
+        ),
+        "rewrite_vs_best_llama_server": (
+            spec.decode_tok_s / best_server.decode_tok_s if best_server else None
+        ),
+        "best_llama_server": best_server.name if best_server else None,
+        "free_ratio": free_spec.decode_tok_s / free_base.decode_tok_s,
+        "draft_acceptance": draft_spec.acceptance,
+        "draft_speedup": draft_spec.decode_tok_s / draft_base.decode_tok_s,
+    }
+
+
+def _render(report: dict[str, Any]) -> str:
+    lines = [f"{'contender':<42} {'tok/s':>8} {'tokens':>7} {'drafted':>8} {'accept':>7}"]
+    for key, r in report["results"].items():
+        lines.append(
+            f"{key:<42} {r['decode_tok_s']:>8.1f} {r['tokens']:>7} {r['draft_n']:>8} "
+            f"{r['acceptance']:>7.0%}"
+        )
+    for key in (
+        "rewrite_speedup",
+        "rewrite_identical_text",
+        "rewrite_first_difference_at_char",
+        "rewrite_acceptance",
+        "rewrite_vs_best_llama_server",
+        "rewrite_no_exact_speedup",
+        "rewrite_no_exact_identical_text",
+        "rewrite_no_exact_vs_best_llama_server",
+        "best_llama_server",
+        "free_ratio",
+        "draft_acceptance",
+        "draft_speedup",
+    ):
+        value = report[key]
+        lines.append(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--model", default=os.environ.get("LOCALFAB_BENCH_MODEL", "/tmp/gemma-270m.gguf")
+    )
+    p.add_argument("--llama-server", default=LLAMA_SERVER)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=400, help="tokens per reply")
+    p.add_argument("--threads", type=int, default=0, help="0: physical cores")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.threads <= 0:
+        from localfab.engine import physical_cores
+
+        args.threads = physical_cores()
+    cmd_spec(args)
+
+
+if __name__ == "__main__":
+    main()
