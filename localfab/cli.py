@@ -6,6 +6,7 @@ code their type carries; nothing below this layer prints tracebacks for them.
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -26,8 +27,36 @@ Exit codes:
 """
 
 
+# Each command's module, loaded when the command is run or listed (`localfab chat` does not wait
+# for the other commands' imports).
+COMMANDS = {
+    "run": ("run", "run"),
+    "chat": ("chat", "chat"),
+    "plan": ("planning", "plan"),
+    "doctor": ("planning", "doctor"),
+    "pull": ("models", "pull"),
+    "list": ("models", "list_models"),
+    "show": ("models", "show"),
+    "rm": ("models", "rm"),
+    "add": ("models", "add"),
+    "serve": ("serve", "serve"),
+    "stats": ("stats", "stats"),
+    "bench": ("benchmark", "bench"),
+}
+
+
 class LocalfabGroup(click.Group):
     """A group that turns LocalfabError into one stderr line and its exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, name = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(f"localfab.commands.{module}"), name)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -61,19 +90,6 @@ def cli(ctx: click.Context) -> None:
     from localfab.commands.chat import last_used_model, open_app
 
     open_app(last_used_model())
-
-
-def _register() -> None:
-    # Each module imports only click and light modules at import time (`--help` stays instant).
-    from localfab.commands import benchmark, chat, models, planning, run, serve, stats
-
-    cli.add_command(run.run)
-    for module in (chat, planning, models, serve, stats, benchmark):
-        for command in module.COMMANDS:
-            cli.add_command(command)
-
-
-_register()
 
 
 def main() -> None:

@@ -457,7 +457,8 @@ def _paint_hook(app: Any, on_paint: Any) -> None:
 
     def display(screen: Any, renderable: Any) -> None:
         original(screen, renderable)
-        if renderable is not None:
+        # A frame inside batch_update() is dropped, not painted.
+        if renderable is not None and not app._batch_count:
             on_paint()
 
     app._display = display
@@ -825,6 +826,12 @@ def main() -> None:
 
         bench_server.main(sys.argv[2:])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "spec":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_spec
+
+        bench_spec.main(sys.argv[2:])
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "ledger":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import bench_ledger
@@ -837,6 +844,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="part", required=True)
     sub.add_parser("server", help="server TTFT/decode against llama-server (see bench_server.py)")
     sub.add_parser("ledger", help="decode with the usage ledger on vs off (see bench_ledger.py)")
+    sub.add_parser("spec", help="speculative decoding vs llama-server's ngram modes")
     eng = sub.add_parser("engine", help="engine pp/tg against llama-bench")
     eng.add_argument("--model", required=True, help="a .gguf path or a registered name")
     eng.add_argument("--threads", type=int, default=os.cpu_count() or 1)

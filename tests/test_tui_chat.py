@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -268,6 +269,9 @@ async def test_quitting_during_a_reply_saves_it_marked_interrupted(history):
     assert stored[-1].role == "assistant"
     assert stored[-1].status == "interrupted"
     assert stored[-1].content and SAMPLE_REPLY.startswith(stored[-1].content)
+    # The collector gets back what the streaming reply kept out of its full passes.
+    assert gc.get_freeze_count() == 0
+    assert not any("_after_pass" in getattr(cb, "__name__", "") for cb in gc.callbacks)
 
 
 async def test_ctrl_c_stops_a_reply_and_does_not_quit(history):

@@ -75,7 +75,6 @@ def open_app(
     """Build the app for MODEL (or a saved session) and run it until the user quits."""
     from localfab.config import default_paths
     from localfab.engine import SamplingParams
-    from localfab.facts import read_facts
     from localfab.store import Store
     from localfab.tui.app import LocalfabApp, make_app
     from localfab.tui.backend import ChatOptions, LocalBackend, model_loader
@@ -114,6 +113,8 @@ def open_app(
         return LocalBackend(loader, history, name, options(now), ledger_file=ledger)
 
     def facts_for(name: str) -> ModelFacts:
+        from localfab.facts import read_facts  # the GGUF reader loads when the fit screen opens
+
         return read_facts(Store(paths).resolve(name))
 
     app: LocalfabApp | None = None

@@ -6,25 +6,29 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from localfab.chat.history import History
 from localfab.config import Config, Paths
-from localfab.facts import ModelFacts
-from localfab.plan import Wishes
 from localfab.tui.backend import ChatBackend
-from localfab.tui.models import ModelSource
 from localfab.tui.screens.chat import ChatScreen
-from localfab.tui.screens.fit import FitScreen
-from localfab.tui.screens.models import ModelsScreen
-from localfab.tui.screens.settings import SettingsScreen
 from localfab.tui.sessions import SessionStore
 from localfab.tui.themes import DEFAULT_DARK, load_themes
 from localfab.tui.widgets.keymap import binding_ids, check_keymap
+
+if TYPE_CHECKING:
+    # The models, fit and settings screens (and the GGUF reader and planner behind them) load
+    # when first opened: the first frame does not wait for them.
+    from localfab.facts import ModelFacts
+    from localfab.plan import Wishes
+    from localfab.tui.models import ModelSource
+    from localfab.tui.screens.fit import FitScreen
+    from localfab.tui.screens.models import ModelsScreen
+    from localfab.tui.screens.settings import SettingsScreen
 
 # Keys by action id: a mapping, or (id, keys) pairs as config.toml's [keys] table gives them.
 KeymapSpec = Mapping[str, str] | Sequence[tuple[str, str]]
@@ -108,6 +112,8 @@ class LocalfabApp(App[None]):
             )
         )
         if self.backend is None and self.models is not None:
+            from localfab.tui.screens.models import ModelsScreen
+
             self.push_screen(ModelsScreen(self.models))
         for problem in self.theme_problems:
             self.notify(problem, title="Theme", severity="warning", timeout=8)
@@ -130,12 +136,18 @@ class LocalfabApp(App[None]):
         self.notify(f"Theme: {self.theme}", timeout=2)
 
     def action_models(self) -> None:
+        from localfab.tui.screens.models import ModelsScreen
+
         if self.models is None or isinstance(self.screen, ModelsScreen):
             return
         self.push_screen(ModelsScreen(self.models))
 
     def action_fit(self) -> None:
         """The fit screen for the model under the cursor on the models screen, else this one."""
+        from localfab.plan import Wishes
+        from localfab.tui.screens.fit import FitScreen
+        from localfab.tui.screens.models import ModelsScreen
+
         if self.facts_for is None or isinstance(self.screen, FitScreen):
             return
         name = self.model_name
@@ -154,21 +166,21 @@ class LocalfabApp(App[None]):
         self.push_screen(FitScreen(name, lambda: facts_for(name), base=base))
 
     def action_settings(self) -> None:
+        from localfab.tui.screens.settings import SettingsScreen
+
         if isinstance(self.screen, SettingsScreen):
             return
         self.push_screen(SettingsScreen(self.config, self.paths, themes=self.localfab_themes))
 
-    @on(SettingsScreen.Saved)
-    def _settings_saved(self, event: SettingsScreen.Saved) -> None:
+    # Handlers by name (on_<screen>_<message>): the screens' modules load when first opened.
+    def on_settings_screen_saved(self, event: SettingsScreen.Saved) -> None:
         self.config = event.config
         self.notify("Settings saved; generation settings apply to the next model opened.")
 
-    @on(FitScreen.LoadRequested)
-    async def _fit_load(self, event: FitScreen.LoadRequested) -> None:
+    async def on_fit_screen_load_requested(self, event: FitScreen.LoadRequested) -> None:
         await self.chat_with(event.model, wishes=event.wishes)
 
-    @on(ModelsScreen.ModelChosen)
-    async def _model_chosen(self, event: ModelsScreen.ModelChosen) -> None:
+    async def on_models_screen_model_chosen(self, event: ModelsScreen.ModelChosen) -> None:
         await self.chat_with(event.name)
 
     async def chat_with(self, name: str, *, wishes: Wishes | None = None) -> None:
@@ -185,7 +197,7 @@ class LocalfabApp(App[None]):
         else:
             self.backend = self.backend_factory(name, wishes=wishes)
         self.model_name = name
-        while isinstance(self.screen, ModelsScreen | FitScreen | SettingsScreen):
+        while not isinstance(self.screen, ChatScreen) and len(self.screen_stack) > 1:
             await self.pop_screen()
         await self.switch_screen(ChatScreen(self.backend, model_name=name, system=self.system))
 

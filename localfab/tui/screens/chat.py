@@ -12,6 +12,7 @@ The screen is in parts: saved-chat actions (`chat_sessions.SessionActions`), mes
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -40,6 +41,7 @@ from localfab.tui.backend import (
     WindowShifted,
 )
 from localfab.tui.clipboard import system_copy
+from localfab.tui.pacing import FramePacer, StreamingGC, cpu_share_for
 from localfab.tui.screens.chat_parts import (
     _END,
     InboxItem,
@@ -54,7 +56,12 @@ from localfab.tui.screens.chat_parts import (
 from localfab.tui.screens.chat_sessions import SessionActions
 from localfab.tui.screens.chat_versions import VersionActions, VersionCommands
 from localfab.tui.widgets.dialogs import ErrorDialog
-from localfab.tui.widgets.messages import MessageView, ShiftDivider, fence_at
+from localfab.tui.widgets.messages import (
+    MessageView,
+    ShiftDivider,
+    fence_at,
+    warm_up_highlighter,
+)
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.sessions import ResumeDivider, SessionsPanel
 from localfab.tui.widgets.status import StatusBar
@@ -63,10 +70,8 @@ from localfab.tui.widgets.versions import ChatMessage
 if TYPE_CHECKING:
     from localfab.tui.sessions import DeletedSession
 
-# How often streamed text reaches the screen. Each update re-parses the reply's open Markdown
-# block and lays the screen out again, on the thread the model's decode loop shares the GIL with:
-# at 30 updates a second the app decoded at 0.65x the speed of `localfab run` on two cores, at
-# 10 at 0.9x (scripts/bench.py tui --only decode), and text still flows smoothly to the eye.
+# How often the frame timer ticks while a reply streams; the pacer (see pacing.py) decides at
+# each tick whether waiting text is drawn.
 FRAME_SECONDS = 1 / 10
 WIDE = 100  # from this width the sessions panel shows unless the user hid it
 
@@ -152,6 +157,8 @@ class ChatScreen(SessionActions, VersionActions):
         self._deleted: DeletedSession | None = None
         self._interrupt_at = 0.0
         self._search_notice_shown = False
+        self.pacer = FramePacer(min_interval=FRAME_SECONDS)
+        self._gc = StreamingGC()
 
     # --- layout --------------------------------------------------------------------------------
 
@@ -185,10 +192,11 @@ class ChatScreen(SessionActions, VersionActions):
         self.query_one("#load-panel").display = False
         self.query_one("#load-cancel", Button).can_focus = False  # the prompt keeps the keys
         self._timer = self.set_interval(FRAME_SECONDS, self._drain, pause=True)
-        self.refresh_sessions()
         self.query_one(PromptBox).focus()
+        # The first frame is painted before the saved chats are listed and before the engine
+        # (and llama.cpp) is imported.
+        self.call_after_refresh(self.refresh_sessions)
         if self.backend is not None:
-            # The first frame is painted before the engine (and llama.cpp) is imported.
             self.call_after_refresh(self._begin_load)
 
     def on_resize(self) -> None:
@@ -227,6 +235,7 @@ class ChatScreen(SessionActions, VersionActions):
             return
         start = backend.window_start if isinstance(backend, ReportsWindow) else None
         self.post_message(self.ModelLoaded(info, turns, start))
+        warm_up_highlighter()  # here, not in the first reply's first code block
 
     @on(LoadProgressed)
     def _load_progressed(self, event: LoadProgressed) -> None:
@@ -244,6 +253,7 @@ class ChatScreen(SessionActions, VersionActions):
     async def _model_loaded(self, event: ModelLoaded) -> None:
         self.query_one("#load-panel").display = False
         info = event.info
+        self.pacer.cpu_share = cpu_share_for(info.threads, os.cpu_count())
         self.query_one(StatusBar).show_model(info.name, info.gpu_layers, info.total_layers)
         await self._show_turns(event.turns, window_start=event.window_start)
         self.query_one(PromptBox).focus()
@@ -305,6 +315,8 @@ class ChatScreen(SessionActions, VersionActions):
         self.query_one("#chat-log", VerticalScroll).anchor()
         self.query_one(StatusBar).show_speed(None, None)
         assert self._timer is not None
+        self.pacer.start()
+        self._gc.begin()
         self._timer.resume()
         self._generate(job, self._cancel)
 
@@ -321,7 +333,16 @@ class ChatScreen(SessionActions, VersionActions):
             self._inbox.append(_END)
 
     async def _drain(self) -> None:
-        """Move what the worker produced onto the screen: one batch of text per frame."""
+        """Move what the worker produced onto the screen: one batch of text per frame.
+
+        Text waits while the pacer says so; anything else (an end, a failure, a shift) is
+        handled at once, with the text before it.
+        """
+        if not self._inbox:
+            return
+        self.pacer.typed(self.query_one(PromptBox).last_key_at)
+        if not self.pacer.due() and all(isinstance(i, ReplyText) for i in list(self._inbox)):
+            return
         view = self._reply
         batch: list[str] = []
         while self._inbox:
@@ -338,6 +359,7 @@ class ChatScreen(SessionActions, VersionActions):
             await self._handle(item)
         if batch and view is not None:
             await view.write("".join(batch))
+        self.pacer.drawn()
         if self.streaming and self._first_at is not None:
             elapsed = time.monotonic() - self._first_at
             ttft = (self._first_at - self._sent_at) * 1e3
@@ -364,7 +386,7 @@ class ChatScreen(SessionActions, VersionActions):
                 text, kind = reply_footer(item)
                 view.set_footer(text, kind=kind)
             status = self.query_one(StatusBar)
-            status.show_speed(item.ttft_ms, item.tokens_per_second)
+            status.show_speed(item.ttft_ms, item.tokens_per_second, item.draft_acceptance)
             status.show_energy(item.joules_per_token)
             if item.tokens_per_second > 0:
                 status.add_speed_sample(item.tokens_per_second)
@@ -382,6 +404,7 @@ class ChatScreen(SessionActions, VersionActions):
                 self._timer.pause()
             self._show_context()
             self.refresh_sessions()
+            self.call_after_refresh(self._gc.end)  # after the reply's last frame is painted
 
     def _show_context(self) -> None:
         if self.backend is not None and self.loaded:
@@ -584,6 +607,10 @@ class ChatScreen(SessionActions, VersionActions):
             await welcome.remove()
 
     # --- quitting ------------------------------------------------------------------------------
+
+    def on_unmount(self) -> None:
+        # A reply cut short by quitting (or by closing this screen) never reaches its end.
+        self._gc.end()
 
     async def stop_for_exit(self) -> None:
         """Stop a streaming reply and wait until it is saved (marked interrupted)."""

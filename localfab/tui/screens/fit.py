@@ -68,6 +68,8 @@ class FitChoice:
 class FitScreen(Screen[None]):
     """The plan for one model, with controls that re-plan as they change."""
 
+    CSS_PATH = "fit.tcss"  # loaded when the screen first opens
+
     BINDINGS = [
         Binding("escape", "back", "Back", id="fit.back"),
         Binding("ctrl+l", "load", "Load with this plan", id="fit.load"),

@@ -62,6 +62,8 @@ class ModelsCommands(Provider):
 class ModelsScreen(Screen[None]):
     """Local models to chat with, the catalog to download from, and the downloads."""
 
+    CSS_PATH = "models.tcss"  # loaded when the screen first opens
+
     DEFAULT_CSS = """
     ModelsScreen #models-tabs {
         height: 1fr;

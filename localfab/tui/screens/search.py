@@ -44,6 +44,8 @@ class HitItem(ListItem):
 class SearchScreen(ModalScreen[SearchHit | None]):
     """Type to search all messages; Enter or a click on a hit opens it, Esc closes."""
 
+    CSS_PATH = "search.tcss"  # loaded when the screen first opens
+
     BINDINGS = [
         Binding("escape", "cancel", "Close", id="search.close"),
         Binding("down", "to_results", "Results", id="search.results", show=False),

@@ -46,6 +46,8 @@ def hub_lines(env: Mapping[str, str]) -> str:
 class SettingsScreen(Screen[None]):
     """Edit config.toml's settings from the app."""
 
+    CSS_PATH = "settings.tcss"  # loaded when the screen first opens
+
     BINDINGS = [
         Binding("escape", "back", "Back", id="settings.back"),
         Binding("ctrl+s", "save", "Save", id="settings.save"),

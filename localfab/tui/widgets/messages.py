@@ -12,6 +12,7 @@ from textual.containers import Vertical
 from textual.dom import DOMNode
 from textual.errors import NoWidget
 from textual.geometry import Region
+from textual.highlight import highlight
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
@@ -34,6 +35,11 @@ class ShiftDivider(Static):
         super().__init__(f"── {shift_text(turns, tokens)} ──", classes="shift-divider")
         self.turns = turns
         self.tokens = tokens
+
+
+def warm_up_highlighter() -> None:
+    """Load the code highlighter's tables and a common lexer (about 30 ms, once per process)."""
+    highlight("x = 1\n", language="python")
 
 
 FREEZE_AFTER = 8  # top-level blocks the open segment holds before its finished ones freeze
@@ -130,6 +136,7 @@ class MessageView(Vertical):
         self._stream_stopping = False
         self._stream_task: asyncio.Task[None] | None = None
         self._width = 0
+        self._end_block: MarkdownBlock | None = None
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
@@ -157,7 +164,9 @@ class MessageView(Vertical):
         if self._stream_task is None:
             self._stream_stopping = False
             self._stream_task = asyncio.create_task(self._stream_run(), name="message stream")
-        self.add_class("streaming")
+        # On the role label, not the message: a class change restyles the node it is on and all
+        # below it, and below a long reply are all its blocks and table cells.
+        self.query(".role").add_class("streaming")
 
     async def write(self, text: str) -> None:
         """Append a batch of text (one frame's worth of tokens)."""
@@ -177,7 +186,7 @@ class MessageView(Vertical):
             self._stream_wake.set()
             task, self._stream_task = self._stream_task, None
             await task
-        self.remove_class("streaming")
+        self.query(".role").remove_class("streaming")
 
     async def _stream_run(self) -> None:
         """Append what was written, a batch at a time, freezing finished blocks as it goes."""
@@ -189,6 +198,7 @@ class MessageView(Vertical):
             if text and self.is_attached:
                 await self.segments[-1].append(text)
                 await self._freeze_finished()
+                self.mark_end()
                 await self._park_far_segments()
             if self._stream_stopping and not self._stream_pending:
                 return
@@ -252,6 +262,26 @@ class MessageView(Vertical):
             for part in self.parts:
                 if isinstance(part, ParkedSegment):
                     await self._unpark(part)
+
+    def mark_end(self) -> None:
+        """Class the message's last block `-end` (the stylesheet takes its bottom margin).
+
+        A class and not `:last-child`: any order rule makes Textual restyle every sibling (and
+        their blocks) each time a block is mounted, which is every frame of a streaming reply.
+        """
+        blocks = self.segments[-1].query_children(MarkdownBlock) if self.is_attached else None
+        last = blocks.last() if blocks else None
+        if last is self._end_block:
+            return
+        if self._end_block is not None:
+            self._end_block.remove_class("-end")
+        if last is not None:
+            last.add_class("-end")
+        self._end_block = last
+
+    def on_markdown_table_of_contents_updated(self) -> None:
+        # Posted when a segment's blocks were (re)built: at mount, after update().
+        self.mark_end()
 
     def set_footer(self, text: str, *, kind: str = "") -> None:
         footer = self.query_one(".reply-footer", Label)

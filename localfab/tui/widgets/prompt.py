@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ class PromptBox(TextArea):
         )
         self.earlier: list[str] = []
         self._walk: int | None = None  # index into `earlier` while walking it
+        self.last_key_at = float("-inf")  # time.monotonic() of the last key pressed here
 
     def on_mount(self) -> None:
         self.release_keys(getattr(self.app, "remapped_keys", ()))
@@ -62,6 +64,7 @@ class PromptBox(TextArea):
         self.insert("\n")
 
     async def _on_key(self, event: events.Key) -> None:
+        self.last_key_at = time.monotonic()  # the chat screen paints a key's echo first
         if event.key == "enter":
             event.stop()
             event.prevent_default()

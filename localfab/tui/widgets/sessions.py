@@ -64,6 +64,7 @@ class SessionItem(ListItem):
 
 
 PAGE = 40  # items mounted at a time
+FIRST = 16  # items in the first paint: a screenful at two lines each
 AHEAD = 10  # mount the next page when the highlight or the view comes this close to the end
 
 
@@ -112,6 +113,7 @@ class SessionsPanel(Vertical):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._now = now  # a fixed clock for snapshots
         self.sessions: list[StoredSession] = []  # every chat listed, mounted or not yet
+        self._current: int | None = None  # the chat `show` last asked to highlight
         self._growing = False
 
     def compose(self) -> ComposeResult:
@@ -132,6 +134,9 @@ class SessionsPanel(Vertical):
         view = self.query_one(ListView)
         if not view.is_mounted:  # queued before the panel was mounted, or after it went away
             return
+        if view.children and sessions == self.sessions and current == self._current:
+            return  # nothing changed: the items, and where the user moved the highlight, stay
+        self._current = current
         self.sessions = list(sessions)
         ids = [s.id for s in sessions]
         at = ids.index(current) if current in ids else (0 if ids else None)
@@ -139,10 +144,21 @@ class SessionsPanel(Vertical):
         self.query_one(".panel-title", Label).update(
             f"Chats ({len(sessions):,})" if len(sessions) > PAGE else "Chats"
         )
+        items = [SessionItem(s, now=self._now) for s in sessions[:first]]
         try:
-            with self.app.batch_update():
-                await view.clear()
-                await view.extend([SessionItem(s, now=self._now) for s in sessions[:first]])
+            if view.children:
+                # Hold the paint while the old items go and the new ones come: no blank flash.
+                with self.app.batch_update():
+                    await view.clear()
+                    await view.extend(items)
+            else:
+                # The first fill (at start): no paint is held back, so the first frame does
+                # not wait for the list, and a screenful comes first, the rest after a paint.
+                now = FIRST if (at or 0) + AHEAD <= FIRST else len(items)
+                await view.extend(items[:now])
+                if len(items) > now:
+                    self._growing = True
+                    self.call_after_refresh(self._grow, len(items), exactly=True)
         except MountError:  # the app quit (mid-reply) while the list was being rebuilt
             return
         view.index = at
@@ -153,11 +169,12 @@ class SessionsPanel(Vertical):
             self._growing = True
             self.call_later(self._grow)
 
-    async def _grow(self, upto: int | None = None) -> None:
+    async def _grow(self, upto: int | None = None, *, exactly: bool = False) -> None:
+        """Mount the next page, or up to `upto` items (at least, or `exactly` that many)."""
         view = self.query_one(ListView)
         try:
             have = len(view.children)
-            end = max(have + PAGE, upto or 0)
+            end = (upto or 0) if exactly else max(have + PAGE, upto or 0)
             more = [SessionItem(s, now=self._now) for s in self.sessions[have:end]]
             if more and view.is_mounted:
                 await view.extend(more)

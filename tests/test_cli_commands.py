@@ -1,0 +1,50 @@
+"""The command table: every command of every module is reachable, and loads only when used."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+
+import click
+
+import localfab.commands
+from localfab.cli import COMMANDS, cli
+
+
+def test_every_command_in_the_modules_is_in_the_table_and_resolves():
+    found: dict[str, click.Command] = {}
+    for info in pkgutil.iter_modules(localfab.commands.__path__):
+        module = importlib.import_module(f"localfab.commands.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, click.Command) and value.callback.__module__ == module.__name__:
+                found[value.name or ""] = value
+    assert set(found) == set(COMMANDS)
+    ctx = click.Context(cli)
+    for name, command in found.items():
+        assert cli.get_command(ctx, name) is command
+    assert cli.list_commands(ctx) == list(COMMANDS)
+    assert cli.get_command(ctx, "nope") is None
+
+
+def test_a_command_loads_only_its_own_module():
+    code = (
+        "import sys\n"
+        "from localfab.cli import cli\n"
+        "import click\n"
+        "cli.get_command(click.Context(cli), 'stats')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('localfab.commands.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "['localfab.commands.stats']"
+
+
+def test_help_lists_every_command():
+    out = subprocess.run(
+        [sys.executable, "-m", "localfab", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    listed = [line.split()[0] for line in out.split("Commands:")[1].splitlines() if line.strip()]
+    assert listed[: len(COMMANDS)] == list(COMMANDS)

@@ -1,0 +1,141 @@
+"""The frame pacer: streamed text is drawn often, but within a CPU share and after a key's echo."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from localfab.tui.pacing import (
+    SHARED_CORES_SHARE,
+    SPARE_CORE_SHARE,
+    FramePacer,
+    StreamingGC,
+    cpu_share_for,
+)
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.wall = 100.0
+        self.cpu = 5.0
+
+    def run(self, wall: float, cpu: float = 0.0) -> None:
+        self.wall += wall
+        self.cpu += cpu
+
+
+def pacer(clocks: Clocks, **kw: float) -> FramePacer:
+    return FramePacer(clock=lambda: clocks.wall, cpu_clock=lambda: clocks.cpu, **kw)
+
+
+def test_cheap_updates_are_drawn_every_frame():
+    c = Clocks()
+    p = pacer(c, min_interval=0.1, cpu_share=0.05)
+    p.start()
+    assert p.due()  # the first text goes out at once
+    p.drawn()
+    c.run(0.05, cpu=0.001)
+    assert not p.due()  # the minimum interval holds
+    c.run(0.05, cpu=0.001)
+    assert p.due()
+    p.drawn()  # 2 ms of UI CPU in 0.1 s: 2 %, under the 5 % share
+    c.run(0.1)
+    assert p.due()
+
+
+def test_costly_updates_wait_in_proportion_to_what_they_cost():
+    c = Clocks()
+    p = pacer(c, min_interval=0.1, max_interval=0.5, cpu_share=0.05)
+    p.start()
+    c.run(0.1, cpu=0.015)  # a frame's layout and paint cost 15 ms of UI CPU
+    p.drawn()  # so the next waits 15 ms / 5 % = 0.3 s
+    c.run(0.25)
+    assert not p.due()
+    c.run(0.06)
+    assert p.due()
+
+
+def test_the_wait_is_bounded():
+    c = Clocks()
+    p = pacer(c, min_interval=0.1, max_interval=0.5, cpu_share=0.05)
+    p.start()
+    c.run(0.1, cpu=1.0)  # a very slow frame
+    p.drawn()
+    c.run(0.45)
+    assert not p.due()
+    c.run(0.06)
+    assert p.due()
+
+
+def test_text_waits_after_a_key_but_not_past_the_longest_interval():
+    c = Clocks()
+    p = pacer(c, min_interval=0.1, max_interval=0.5, cpu_share=0.05, typing_hold=0.06)
+    p.start()
+    p.drawn()
+    c.run(0.2)
+    assert p.due()
+    p.typed(c.wall - 0.01)  # a key 10 ms ago: its echo is painted first
+    assert not p.due()
+    c.run(0.06)
+    assert p.due()  # the hold is over
+    for _ in range(6):  # the user types on, a key every 50 ms
+        c.run(0.05)
+        p.typed()
+    c.run(0.03)
+    assert p.due()  # 0.2 + 0.06 + 0.33 s since the last draw: over the longest interval
+
+
+def test_the_ui_share_is_small_only_when_the_engine_takes_every_core():
+    assert cpu_share_for(2, 2) == SHARED_CORES_SHARE  # this kind of machine
+    assert cpu_share_for(0, 8) == SHARED_CORES_SHARE  # threads not known: assume it does
+    assert cpu_share_for(4, None) == SHARED_CORES_SHARE
+    assert cpu_share_for(4, 8) == SPARE_CORE_SHARE > SHARED_CORES_SHARE
+
+
+def test_objects_from_before_a_reply_sit_out_full_passes_until_it_ends():
+    class Node:
+        pass
+
+    guard = StreamingGC()
+    before = Node()
+    guard.begin()
+    try:
+        assert gc.get_freeze_count() > 0  # `before` and the rest of the process
+        cycle = Node()
+        cycle.me = cycle  # type: ignore[attr-defined]
+        gone = weakref.ref(cycle)
+        del cycle
+    finally:
+        guard.end()
+    assert gc.get_freeze_count() == 0
+    assert gone() is None  # garbage made while the reply streamed is collected at the end
+    assert before is not None
+
+
+def test_an_overdue_draw_still_lets_a_key_just_pressed_echo_first():
+    c = Clocks()
+    p = pacer(c, min_interval=0.1, max_interval=0.5, cpu_share=0.05)
+    p.start()
+    p.drawn()
+    c.run(0.6)
+    p.typed(c.wall - 0.005)
+    assert not p.due()  # the echo first
+    c.run(0.1)
+    assert p.due()
+    p.typed(c.wall)
+    c.run(0.4)  # twice the longest interval: drawn whatever the keys
+    p.typed(c.wall)
+    assert p.due()
+
+
+def test_full_passes_during_a_reply_leave_their_survivors_frozen():
+    guard = StreamingGC()
+    guard.begin()
+    try:
+        frozen = gc.get_freeze_count()
+        keep = [[i] for i in range(1000)]  # new objects that survive
+        gc.collect()  # a full pass, as the collector would run one during the reply
+        assert gc.get_freeze_count() >= frozen + len(keep)
+    finally:
+        guard.end()
+    assert gc.get_freeze_count() == 0
