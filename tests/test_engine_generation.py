@@ -5,12 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
 import pytest
 
-from localfab.engine import Done, GenerationOptions, SamplingParams, StopType
+from localfab.engine import Done, Engine, GenerationOptions, SamplingParams, StopType
 from localfab.engine.types import FinishReason
 
 GREEDY = SamplingParams.greedy()
@@ -26,7 +27,7 @@ def test_generation_options_keep_stop_strings_immutable() -> None:
 
 
 @pytest.mark.model
-def test_options_object_and_keywords_give_the_same_reply(engine) -> None:
+def test_options_object_and_keywords_give_the_same_reply(engine: Engine) -> None:
     tokens = engine.tokenize("The history of the city of Rome begins")
     by_keywords = engine.generate(tokens, max_tokens=12, sampling=GREEDY)
     engine.clear_cache()
@@ -39,7 +40,7 @@ def test_options_object_and_keywords_give_the_same_reply(engine) -> None:
     assert engine.generate(tokens, GenerationOptions(max_tokens=2)).finish_reason == "length"
 
 
-def _stop_kinds(engine, small_engine) -> dict[str, Done]:
+def _stop_kinds(engine: Engine, small_engine: Engine) -> dict[str, Done]:
     """One real generation ending each way the engine can end one."""
     tokens = engine.tokenize("Once upon a time")
     eos = engine.eos_token
@@ -61,8 +62,8 @@ def _stop_kinds(engine, small_engine) -> dict[str, Done]:
 
 
 @pytest.fixture()
-def small_engine(model_path):
-    from localfab.engine import Engine, EngineSettings
+def small_engine(model_path: Path) -> Iterator[Engine]:
+    from localfab.engine import EngineSettings
 
     eng = Engine(model_path, EngineSettings(n_ctx=256, n_batch=256, warmup=False))
     yield eng
@@ -70,7 +71,9 @@ def small_engine(model_path):
 
 
 @pytest.mark.model
-def test_every_way_a_reply_ends_is_a_declared_stop_type(engine, small_engine) -> None:
+def test_every_way_a_reply_ends_is_a_declared_stop_type(
+    engine: Engine, small_engine: Engine
+) -> None:
     dones = _stop_kinds(engine, small_engine)
     for kind, done in dones.items():
         assert done.stop_type == kind
@@ -87,7 +90,7 @@ def test_every_way_a_reply_ends_is_a_declared_stop_type(engine, small_engine) ->
 
 
 @pytest.mark.model
-def test_a_full_window_shifts_to_what_on_context_full_returns(small_engine) -> None:
+def test_a_full_window_shifts_to_what_on_context_full_returns(small_engine: Engine) -> None:
     prompt = small_engine.tokenize("Once upon a time")
     calls: list[tuple[int, list[int]]] = []
 
@@ -117,7 +120,7 @@ def test_a_full_window_shifts_to_what_on_context_full_returns(small_engine) -> N
 
 
 @pytest.mark.slow
-def test_the_engine_and_the_tui_fake_satisfy_the_chat_engine_protocol(tmp_path) -> None:
+def test_the_engine_and_the_tui_fake_satisfy_the_chat_engine_protocol(tmp_path: Path) -> None:
     """ChatSession types its engine as ChatEngine: both engines it is given must fit it."""
     check = tmp_path / "protocol_check.py"
     check.write_text(

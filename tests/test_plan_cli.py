@@ -1,4 +1,8 @@
-"""`localfab plan` and `localfab doctor` through the installed console script."""
+"""`localfab plan` and `localfab doctor` through the installed console script.
+
+The plan for every model on every shipped profile (64 runs) goes through the same command line
+in-process (click's test runner on `localfab.cli.cli`): a process each would add only its start.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from localfab.cli import cli
 from localfab.hardware import load_model_specs, load_profiles
 from tests.conftest import LOCALFAB
 from tests.gguf_fixtures import write_synthetic
@@ -20,6 +26,20 @@ PROFILES = list(load_profiles())
 def lf(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(LOCALFAB), *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def lf_in_process(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`localfab ARGS` run in this process, with the home folder and token of `env`."""
+    overrides: dict[str, str | None] = {
+        "LOCALFAB_HOME": env["LOCALFAB_HOME"],
+        "HF_TOKEN": env.get("HF_TOKEN"),
+    }
+    result = CliRunner().invoke(cli, list(args), env=overrides, prog_name="localfab")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(
+        ["localfab", *args], result.exit_code, result.stdout, result.stderr
     )
 
 
@@ -38,7 +58,7 @@ def test_plan_prints_a_plan_for_every_profile(
     name: str, model_files: dict[str, Path], lf_env: dict[str, str]
 ) -> None:
     for profile in PROFILES:
-        done = lf("plan", str(model_files[name]), "--profile", profile, env=lf_env)
+        done = lf_in_process("plan", str(model_files[name]), "--profile", profile, env=lf_env)
         assert done.returncode == 0, (profile, done.stderr)
         out = done.stdout
         assert f"Plan for {name}" in out and f"profile {profile}" in out
@@ -126,7 +146,8 @@ def test_plan_does_not_mark_the_model_as_used(
         done = lf("list", "--json", "--no-fit", env=lf_env)
         assert done.returncode == 0, done.stderr
         (entry,) = [e for e in json.loads(done.stdout) if e["name"] == "planned-only"]
-        return entry["last_used"]
+        used: float | None = entry["last_used"]
+        return used
 
     before = last_used()
     done = lf("plan", "planned-only", "--profile", "rtx3060-laptop-6gb", env=lf_env)

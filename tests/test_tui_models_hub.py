@@ -115,6 +115,7 @@ async def test_catalog_fit_from_the_remote_header_and_a_real_pull_lands_in_the_s
     history.close()
 
 
+@pytest.mark.slow  # 24 MiB through real downloads, twice, and two app starts
 async def test_a_failed_pull_resumes_after_a_restart_and_a_running_one_cancels(
     env: Path, fake: FakeHub, big: bytes, tmp_path: Path
 ) -> None:

@@ -4,20 +4,25 @@ search that opens the hit, export and import, and resuming a long chat."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
 
 import pytest
 from textual.containers import VerticalScroll
+from textual.pilot import Pilot
+from textual.screen import Screen
 from textual.widgets import Input
 
 from localfab.chat.history import History
-from localfab.tui.app import make_app
-from localfab.tui.backend import ChatOptions, LocalBackend
+from localfab.tui.app import LocalfabApp, make_app
+from localfab.tui.backend import ChatOptions, LocalBackend, StoredTurn
 from localfab.tui.fake import FakeEngine, fake_loader
-from localfab.tui.screens.chat import ReportsWindow, StoredTurn, shown_index
+from localfab.tui.screens.chat_parts import ReportsWindow, shown_index
 from localfab.tui.screens.search import SearchScreen
 from localfab.tui.widgets.dialogs import TextDialog
 from localfab.tui.widgets.messages import MessageView
-from localfab.tui.widgets.sessions import PAGE, ResumeDivider, SessionItem, SessionsPanel
+from localfab.tui.widgets.sessions import AHEAD, PAGE, ResumeDivider, SessionItem, SessionsPanel
 from tests.tui_support import FIXED_NOW, build_app, loaded, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -35,12 +40,24 @@ def long_chat(history: History, turns: int, *, needle: str | None = None, at: in
     return sid
 
 
+def search_screen(app: LocalfabApp) -> SearchScreen:
+    screen = app.screen
+    assert isinstance(screen, SearchScreen)
+    return screen
+
+
+def session_of(app: LocalfabApp) -> int | None:
+    """The chat the app's backend has open."""
+    assert app.backend is not None
+    return app.backend.session_id
+
+
 def visible(log: VerticalScroll, view: MessageView) -> bool:
     top = view.virtual_region.y
     return log.scroll_offset.y <= top < log.scroll_offset.y + log.scrollable_content_region.height
 
 
-async def test_search_opens_the_hit_highlighted_and_in_view(history):
+async def test_search_opens_the_hit_highlighted_and_in_view(history: History) -> None:
     long_chat(history, 6)
     target = long_chat(history, 12, needle="axolotl", at=1)
     long_chat(history, 4)
@@ -49,7 +66,7 @@ async def test_search_opens_the_hit_highlighted_and_in_view(history):
         chat = await loaded(pilot, app)
         await pilot.press("ctrl+f")
         await wait_for(pilot, lambda: isinstance(app.screen, SearchScreen))
-        search = app.screen
+        search = search_screen(app)
         assert isinstance(search, SearchScreen)
         await pilot.press(*"axolo")  # a prefix is enough
         await wait_for(pilot, lambda: len(search.hits) == 1)
@@ -58,7 +75,7 @@ async def test_search_opens_the_hit_highlighted_and_in_view(history):
         await pilot.press("enter")
         await wait_for(pilot, lambda: bool(chat.query(".search-hit")))
         await pilot.pause()
-        assert app.backend.session_id == target
+        assert session_of(app) == target
         (hit,) = chat.query(".search-hit")
         assert isinstance(hit, MessageView) and "axolotl" in hit.text
         log = chat.query_one("#chat-log", VerticalScroll)
@@ -69,14 +86,14 @@ async def test_search_opens_the_hit_highlighted_and_in_view(history):
         assert not visible(log, last)
 
 
-async def test_search_says_when_nothing_is_found_and_escape_closes(history):
+async def test_search_says_when_nothing_is_found_and_escape_closes(history: History) -> None:
     long_chat(history, 2)
     app, _ = build_app(history)
     async with app.run_test(size=(80, 24)) as pilot:
         chat = await loaded(pilot, app)
         await pilot.press("ctrl+f")
         await wait_for(pilot, lambda: isinstance(app.screen, SearchScreen))
-        search = app.screen
+        search = search_screen(app)
         await pilot.press(*"zebra")
         await wait_for(
             pilot, lambda: search.searches > 0 and search.query_one(Input).value == "zebra"
@@ -92,14 +109,18 @@ async def test_search_says_when_nothing_is_found_and_escape_closes(history):
         assert not chat.query(".search-hit")
 
 
-async def answer_dialog(pilot, app, text: str) -> None:
-    await wait_for(pilot, lambda: isinstance(app.screen, TextDialog) and app.screen.query(Input))
+async def answer_dialog(pilot: Pilot[None], app: LocalfabApp, text: str) -> None:
+    await wait_for(
+        pilot, lambda: isinstance(app.screen, TextDialog) and bool(app.screen.query(Input))
+    )
     app.screen.query_one(Input).value = text
     await pilot.press("enter")
     await wait_for(pilot, lambda: not isinstance(app.screen, TextDialog))
 
 
-async def test_export_markdown_and_json_then_import_from_the_panel(history, tmp_path):
+async def test_export_markdown_and_json_then_import_from_the_panel(
+    history: History, tmp_path: Path
+) -> None:
     sid = long_chat(history, 3)
     history.rename_session(sid, "Weather talk")
     app, _ = build_app(history)
@@ -131,7 +152,9 @@ async def test_export_markdown_and_json_then_import_from_the_panel(history, tmp_
         await wait_for(pilot, lambda: panel.selected_id() == new)
 
 
-async def test_import_of_a_bad_file_says_why_and_stores_nothing(history, tmp_path):
+async def test_import_of_a_bad_file_says_why_and_stores_nothing(
+    history: History, tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "something else"}', encoding="utf-8")
     app, _ = build_app(history)
@@ -146,7 +169,7 @@ async def test_import_of_a_bad_file_says_why_and_stores_nothing(history, tmp_pat
     assert history.sessions() == []
 
 
-async def test_export_with_no_saved_chat_says_so(history):
+async def test_export_with_no_saved_chat_says_so(history: History) -> None:
     app, _ = build_app(history)
     async with app.run_test(size=(100, 30)) as pilot:
         await loaded(pilot, app)
@@ -156,11 +179,11 @@ async def test_export_with_no_saved_chat_says_so(history):
         assert any("no saved chat" in str(n.message) for n in app._notifications)
 
 
-async def test_palette_lists_search_export_and_import(history):
+async def test_palette_lists_search_export_and_import(history: History) -> None:
     app, _ = build_app(history)
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await loaded(pilot, app)
-        titles = {c.title for c in app.get_system_commands(chat)}
+        titles = {c.title for c in app.get_system_commands(cast("Screen[object]", chat))}
         assert {"Search chats", "Export chat", "Import chat"} <= titles
 
 
@@ -172,7 +195,7 @@ class WindowBackend(LocalBackend):
         return None if self._session is None else self._session.window_start
 
 
-async def test_a_long_session_reopens_with_its_window_rebuilt(history):
+async def test_a_long_session_reopens_with_its_window_rebuilt(history: History) -> None:
     sid = long_chat(history, 14)
     engine = FakeEngine(reply=lambda prompt: "A short reply.", n_ctx=160)
     backend = WindowBackend(
@@ -200,7 +223,7 @@ async def test_a_long_session_reopens_with_its_window_rebuilt(history):
         assert f"/{total}" in ctx and ctx.startswith("ctx ")
 
 
-def test_shown_index_follows_merged_continuations():
+def test_shown_index_follows_merged_continuations() -> None:
     turns = [
         StoredTurn("user", "q"),
         StoredTurn("assistant", "part"),
@@ -216,19 +239,21 @@ THEMES = ["localfab-dark", "localfab-light"]
 
 @pytest.mark.parametrize("theme", THEMES)
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_search_screen_snapshot(snap_compare, tmp_path, size, theme):
+def test_search_screen_snapshot(
+    snap_compare: Callable[..., bool], tmp_path: Path, size: tuple[int, int], theme: str
+) -> None:
     history = History(tmp_path / "sessions.sqlite3")
     long_chat(history, 3, needle="lighthouse keeper", at=0)
     sid = long_chat(history, 2, needle="lighthouse", at=1)
     history.rename_session(sid, "Coastal questions")
     app, _ = build_app(history, theme=theme, clock_now=FIXED_NOW)
 
-    async def searched(pilot):
+    async def searched(pilot: Pilot[None]) -> None:
         await loaded(pilot, app)
         await pilot.press("ctrl+f")
         await wait_for(pilot, lambda: isinstance(app.screen, SearchScreen))
         await pilot.press(*"lighthouse")
-        await wait_for(pilot, lambda: len(app.screen.hits) == 2)
+        await wait_for(pilot, lambda: len(search_screen(app).hits) == 2)
         app.screen.query_one(Input).cursor_blink = False
         await pilot.pause()
 
@@ -236,7 +261,9 @@ def test_search_screen_snapshot(snap_compare, tmp_path, size, theme):
     history.close()
 
 
-async def test_without_fts5_search_still_works_and_says_so_once(tmp_path, monkeypatch):
+async def test_without_fts5_search_still_works_and_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import localfab.chat.history as history_module
 
     monkeypatch.setattr(history_module, "has_fts5", lambda db: False)
@@ -257,7 +284,7 @@ async def test_without_fts5_search_still_works_and_says_so_once(tmp_path, monkey
         assert notices() == 1
         await pilot.press("ctrl+f")
         await wait_for(pilot, lambda: isinstance(app.screen, SearchScreen))
-        search = app.screen
+        search = search_screen(app)
         await pilot.press(*"narwhal")
         await wait_for(pilot, lambda: len(search.hits) == 1)
         assert search.hits[0].session_id == target
@@ -267,7 +294,7 @@ async def test_without_fts5_search_still_works_and_says_so_once(tmp_path, monkey
     history.close()
 
 
-async def test_arrow_keys_pick_another_hit(history):
+async def test_arrow_keys_pick_another_hit(history: History) -> None:
     first = long_chat(history, 2, needle="heron", at=0)
     second = long_chat(history, 2, needle="heron", at=1)
     app, _ = build_app(history)
@@ -275,25 +302,30 @@ async def test_arrow_keys_pick_another_hit(history):
         chat = await loaded(pilot, app)
         await pilot.press("ctrl+f")
         await wait_for(pilot, lambda: isinstance(app.screen, SearchScreen))
-        search = app.screen
+        search = search_screen(app)
         await pilot.press(*"heron")
         await wait_for(pilot, lambda: len(search.hits) == 2)
         wanted = search.hits[1]
         await pilot.press("down", "down", "enter")
         await wait_for(pilot, lambda: bool(chat.query(".search-hit")))
-        assert app.backend.session_id == wanted.session_id
+        assert session_of(app) == wanted.session_id
         assert {first, second} == {h.session_id for h in search.hits}
         ids = [m.id for m in history.messages(wanted.session_id)]
         views = list(chat.query(MessageView))
         assert views[ids.index(wanted.message_id)].has_class("search-hit")
 
 
-async def test_a_thousand_chats_are_listed_lazily_and_the_right_one_resumes(history):
+@pytest.mark.slow  # a thousand chats written and listed
+async def test_a_thousand_chats_are_listed_lazily_and_the_right_one_resumes(
+    history: History,
+) -> None:
     for i in range(1000):
         sid = history.create_session(model="fake-model")
         history.add_message(sid, "user", f"question number {i}")
         history.add_message(sid, "assistant", f"answer number {i}")
-    target = history.sessions()[900]
+    # Beyond the pages mounted by then (newest first: chat number 999 - 3 * PAGE).
+    far = 3 * PAGE
+    target = history.sessions()[far]
     app, _ = build_app(history)
     async with app.run_test(size=(120, 30)) as pilot:
         chat = await loaded(pilot, app)
@@ -302,16 +334,25 @@ async def test_a_thousand_chats_are_listed_lazily_and_the_right_one_resumes(hist
         # Only a page of items is mounted; the title says how many there are.
         await wait_for(pilot, lambda: len(panel.query(SessionItem)) == PAGE)
         assert "1,000" in str(panel.query_one(".panel-title").render())
-        # Walking down the list mounts more as the end comes near.
+        # Walking down the list mounts more as the end comes near (before the page ends). The
+        # walk starts a few items short of that point: a key press each is what costs here.
+        start = panel.sessions[PAGE - AHEAD - 3].id
+        panel.select(start)
+        await wait_for(pilot, lambda: panel.selected_id() == start)
+        assert len(panel.query(SessionItem)) == PAGE
         panel.query_one("#sessions-list").focus()
-        for _ in range(PAGE):
+        for _ in range(AHEAD):
             await pilot.press("down")
+            if len(panel.query(SessionItem)) > PAGE:
+                break
         await wait_for(pilot, lambda: len(panel.query(SessionItem)) > PAGE)
-        # A chat far down the list is picked and opens.
+        assert len(panel.query(SessionItem)) < far
+        # A chat further down than anything mounted is picked and opens.
         panel.select(target.id)
         await wait_for(pilot, lambda: panel.selected_id() == target.id)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.backend.session_id == target.id)
+        await wait_for(pilot, lambda: session_of(app) == target.id)
         await wait_for(pilot, lambda: len(chat.query(MessageView)) == 2)
         texts = [v.text for v in chat.query(MessageView)]
-        assert texts == ["question number 99", "answer number 99"]
+        number = 999 - far
+        assert texts == [f"question number {number}", f"answer number {number}"]

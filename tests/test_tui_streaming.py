@@ -2,19 +2,27 @@
 
 The reply holds code fences, a table and Chinese text; chunks are cut at random byte offsets
 (mid-fence, mid-row, mid-character), decoded incrementally as a byte stream must be, grouped
-into frames as the chat screen does, and appended to a streaming message.
+into frames as the chat screen does, and appended to a streaming message. Every chunking is
+compared with a fresh render widget by widget (the kind, classes and styled content of each);
+one in 25 is also painted frame by frame and compared on screen.
 """
 
 from __future__ import annotations
 
 import codecs
 import random
+from functools import partial
 
 import pytest
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
+from textual.content import Content, Span
+from textual.pilot import Pilot
+from textual.widget import Widget
+from textual.widgets import Markdown, Static
 
 from localfab.tui.widgets.messages import MessageView
+from tests.screen_compare import assert_same_screen, settled, steady
 
 pytestmark = pytest.mark.anyio
 
@@ -45,6 +53,11 @@ plain fence with | pipes | and ``` inside text
 """
 
 CHUNKINGS = 200
+# The chunkings run as this many tests of their own, so that a parallel run can spread them.
+GROUPS = 4
+# One chunking in 25 is painted frame by frame, as the chat screen paints it, and compared with
+# the fresh render on screen; every chunking is compared with it widget by widget.
+PAINT_EVERY = 25
 
 
 class Harness(App[None]):
@@ -61,6 +74,22 @@ def chunks(data: bytes, rng: random.Random) -> list[bytes]:
         n = rng.randint(1, 40)
         out.append(data[i : i + n])
         i += n
+    return out
+
+
+def frames(pieces: list[bytes], rng: random.Random) -> list[str]:
+    """Decode `pieces` as a byte stream must be (a character cut in two waits for its end) and
+    group them as the chat screen does: a frame holds whatever arrived since the last one."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    out: list[str] = []
+    frame: list[str] = []
+    for piece in pieces:
+        frame.append(decoder.decode(piece))
+        if rng.random() < 0.4:
+            out.append("".join(frame))
+            frame = []
+    frame.append(decoder.decode(b"", final=True))
+    out.append("".join(frame))
     return out
 
 
@@ -83,46 +112,83 @@ def cut_points_cover_the_hard_places(pieces: list[bytes]) -> set[str]:
     return seen
 
 
-async def render(app: Harness, pilot, view: MessageView) -> str:
-    await pilot.pause()
-    return app.export_screenshot()
+Shown = tuple[str, tuple[str, ...], str, tuple[Span, ...]]
 
 
-async def test_any_chunking_ends_as_a_fresh_render():
-    rng = random.Random(20261130)
+def shown(node: Widget) -> Shown:
+    """What one widget shows: its kind, its classes and its content with the content's styles."""
+    visual: object = None  # a container: what it holds is compared widget by widget
+    if isinstance(node, Static):
+        visual = node.visual
+    elif type(node).render is not Widget.render:  # a widget that draws its own content
+        visual = node.render()
+    if isinstance(visual, Content):
+        text, spans = visual.plain, tuple(visual.spans)
+    else:
+        text, spans = repr(visual), ()
+    # Textual's table mounts the rows that stream in as plain `Static` cells: the same look as
+    # the link-aware cell class it composes a whole table with.
+    kind = type(node).__name__
+    if kind == "MarkdownTableCellContents":
+        kind = "Static"
+    return kind, tuple(sorted(node.classes)), text, spans
+
+
+def widget_render(view: MessageView) -> list[Shown]:
+    """The message rendered widget by widget, read across its segments (a reply that froze
+    blocks into segments of their own shows the same blocks as one that did not)."""
+    return [shown(node) for node in view.walk_children(Widget) if not isinstance(node, Markdown)]
+
+
+async def stream(view: MessageView, text: list[str], pilot: Pilot[None] | None = None) -> None:
+    """Stream `text` into `view` a frame at a time; with `pilot`, each frame is painted."""
+    view.start_stream()
+    for frame in text:
+        await view.write(frame)
+        if pilot is not None:
+            await pilot.pause()
+    await view.end_stream()
+
+
+@pytest.mark.slow  # 200 replies streamed through the real widget
+@pytest.mark.parametrize("group", range(GROUPS))
+async def test_any_chunking_ends_as_a_fresh_render(group: int) -> None:
+    rng = random.Random(20261130 + group)
     app = Harness()
     covered: set[str] = set()
     async with app.run_test(size=(90, 70)) as pilot:
         log = app.query_one("#log")
         fresh = MessageView("assistant", REPLY)
         await log.mount(fresh)
-        expected = await render(app, pilot, fresh)
+        expected_screen = await steady(pilot, app.export_screenshot)
+        expected = await steady(pilot, partial(widget_render, fresh))
         await fresh.remove()
-        for _ in range(CHUNKINGS):
+        for i in range(CHUNKINGS // GROUPS):
             pieces = chunks(REPLY.encode(), rng)
             covered |= cut_points_cover_the_hard_places(pieces)
+            text = frames(pieces, rng)
             view = MessageView("assistant")
-            await log.mount(view)
-            view.start_stream()
-            decoder = codecs.getincrementaldecoder("utf-8")()
-            frame: list[str] = []
-            for piece in pieces:
-                frame.append(decoder.decode(piece))
-                # A frame holds whatever arrived since the last one: one to five chunks.
-                if rng.random() < 0.4:
-                    await view.write("".join(frame))
-                    frame = []
-            frame.append(decoder.decode(b"", final=True))
-            await view.write("".join(frame))
-            await view.end_stream()
+            if i % PAINT_EVERY == 0:
+                await log.mount(view)
+                await stream(view, text, pilot)
+                shot = await settled(pilot, app.export_screenshot, expected_screen)
+                assert_same_screen(shot, expected_screen, f"chunking {i}")
+            else:
+                # The same widget work without painting the frames in between: the screen
+                # holds its paint until the message is removed again.
+                with app.batch_update():
+                    await log.mount(view)
+                    await stream(view, text)
             assert view.text == REPLY
             assert view.markdown.source == REPLY
-            assert await render(app, pilot, view) == expected
-            await view.remove()
+            rendered = await settled(pilot, partial(widget_render, view), expected)
+            assert rendered == expected, f"chunking {i}"
+            with app.batch_update():
+                await view.remove()
     assert covered == {"fence", "row", "char"}
 
 
-async def test_resizing_mid_stream_does_not_duplicate_lines():
+async def test_resizing_mid_stream_does_not_duplicate_lines() -> None:
     rng = random.Random(7)
     app = Harness()
     async with app.run_test(size=(100, 70)) as pilot:
@@ -139,8 +205,8 @@ async def test_resizing_mid_stream_does_not_duplicate_lines():
             if i == 2 * len(pieces) // 3:
                 await pilot.resize_terminal(90, 70)
         await view.end_stream()
-        streamed = await render(app, pilot, view)
+        streamed = await steady(pilot, app.export_screenshot)
         await view.remove()
         fresh = MessageView("assistant", REPLY)
         await log.mount(fresh)
-        assert await render(app, pilot, fresh) == streamed
+        assert_same_screen(await settled(pilot, app.export_screenshot, streamed), streamed)

@@ -8,7 +8,6 @@ across the segments is the text that was written.
 
 from __future__ import annotations
 
-import codecs
 import random
 
 import pytest
@@ -18,7 +17,8 @@ from textual.widgets.markdown import MarkdownFence
 
 from localfab.tui.widgets import messages
 from localfab.tui.widgets.messages import MessageView, ParkedSegment
-from tests.test_tui_streaming import REPLY, chunks
+from tests.screen_compare import assert_same_screen, settled, steady
+from tests.test_tui_streaming import REPLY, chunks, frames
 from tests.tui_support import wait_for
 
 pytestmark = pytest.mark.anyio
@@ -66,28 +66,23 @@ class Harness(App[None]):
 
 async def stream(view: MessageView, text: str, rng: random.Random) -> None:
     view.start_stream()
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    frame: list[str] = []
-    for piece in chunks(text.encode(), rng):
-        frame.append(decoder.decode(piece))
-        if rng.random() < 0.4:
-            await view.write("".join(frame))
-            frame = []
-    frame.append(decoder.decode(b"", final=True))
-    await view.write("".join(frame))
+    for frame in frames(chunks(text.encode(), rng), rng):
+        await view.write(frame)
     await view.end_stream()
 
 
+@pytest.mark.slow  # a long reply streamed twice for each setting
 @pytest.mark.parametrize("freeze_after", [1, messages.FREEZE_AFTER])
-async def test_a_long_reply_freezes_segments_and_ends_as_a_fresh_render(monkeypatch, freeze_after):
+async def test_a_long_reply_freezes_segments_and_ends_as_a_fresh_render(
+    monkeypatch: pytest.MonkeyPatch, freeze_after: int
+) -> None:
     monkeypatch.setattr(messages, "FREEZE_AFTER", freeze_after)
     app = Harness()
     async with app.run_test(size=(90, 260)) as pilot:
         log = app.query_one("#log")
         fresh = MessageView("assistant", LONG)
         await log.mount(fresh)
-        await pilot.pause()
-        expected = app.export_screenshot()
+        expected = await steady(pilot, app.export_screenshot)
         assert len(fresh.segments) == 1
         await fresh.remove()
         for seed in range(2):
@@ -99,12 +94,12 @@ async def test_a_long_reply_freezes_segments_and_ends_as_a_fresh_render(monkeypa
             assert all(s.has_class("frozen") for s in view.segments[:-1])
             assert view.text == LONG
             assert view.markdown.source == LONG
-            await pilot.pause()
-            assert app.export_screenshot() == expected
+            shot = await settled(pilot, app.export_screenshot, expected)
+            assert_same_screen(shot, expected, f"chunking {seed}")
             await view.remove()
 
 
-async def test_frozen_segments_are_not_rendered_again():
+async def test_frozen_segments_are_not_rendered_again() -> None:
     app = Harness()
     async with app.run_test(size=(90, 60)) as pilot:
         log = app.query_one("#log")
@@ -113,9 +108,8 @@ async def test_frozen_segments_are_not_rendered_again():
         view.start_stream()
         half = len(LONG) // 2
         await view.write(LONG[:half])
-        await pilot.pause()
+        await wait_for(pilot, lambda: any(s.has_class("frozen") for s in view.segments))
         frozen = [s for s in view.segments if s.has_class("frozen")]
-        assert frozen
         blocks = {id(s): list(s.children) for s in frozen}
         await view.write(LONG[half:])
         await view.end_stream()
@@ -126,7 +120,7 @@ async def test_frozen_segments_are_not_rendered_again():
         assert view.markdown.source == LONG
 
 
-async def test_code_blocks_and_tables_stay_whole_across_segments():
+async def test_code_blocks_and_tables_stay_whole_across_segments() -> None:
     app = Harness()
     async with app.run_test(size=(90, 260)) as pilot:
         log = app.query_one("#log")
@@ -143,7 +137,8 @@ async def test_code_blocks_and_tables_stay_whole_across_segments():
         assert view.code_of(fences[1]).startswith("import time\n\ndef tok_s(")
 
 
-async def test_segments_far_from_the_view_are_parked_and_come_back_when_scrolled_to():
+@pytest.mark.slow  # a long reply painted frame by frame
+async def test_segments_far_from_the_view_are_parked_and_come_back_when_scrolled_to() -> None:
     app = Harness()
     async with app.run_test(size=(90, 30)) as pilot:
         log = app.query_one("#log")
@@ -151,11 +146,9 @@ async def test_segments_far_from_the_view_are_parked_and_come_back_when_scrolled
         await log.mount(fresh)
         await pilot.pause()
         log.scroll_end(animate=False)
-        await pilot.pause()
-        expected_end = app.export_screenshot()
+        expected_end = await steady(pilot, app.export_screenshot)
         log.scroll_home(animate=False)
-        await pilot.pause()
-        expected_top = app.export_screenshot()
+        expected_top = await steady(pilot, app.export_screenshot)
         await fresh.remove()
 
         view = MessageView("assistant")
@@ -163,11 +156,12 @@ async def test_segments_far_from_the_view_are_parked_and_come_back_when_scrolled
         log.anchor()
         view.start_stream()
         rng = random.Random(11)
-        pieces = chunks(LONG.encode(), rng)
-        # Stream as the chat screen does: a frame's text at a time, each frame painted.
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        for piece in pieces:
-            await view.write(decoder.decode(piece))
+        # Stream as the chat screen does: a frame's text at a time, each frame painted. The
+        # frames are those of a fast model (four of the usual frames in each), so that the
+        # reply grows past the view in a few paints.
+        small = frames(chunks(LONG.encode(), rng), rng)
+        for i in range(0, len(small), 4):
+            await view.write("".join(small[i : i + 4]))
             await pilot.pause()
         await view.end_stream()
         await pilot.pause()
@@ -175,9 +169,10 @@ async def test_segments_far_from_the_view_are_parked_and_come_back_when_scrolled
         assert view.query(ParkedSegment)
         assert view.markdown.source == LONG
         log.scroll_end(animate=False)
-        await pilot.pause()
-        assert app.export_screenshot() == expected_end
+        shot = await settled(pilot, app.export_screenshot, expected_end)
+        assert_same_screen(shot, expected_end, "the end of the reply")
         # Scrolled back to the top, the parked segments there turn back into Markdown.
         log.scroll_home(animate=False)
-        await wait_for(pilot, lambda: app.export_screenshot() == expected_top, seconds=30)
+        shot = await settled(pilot, app.export_screenshot, expected_top, seconds=30)
+        assert_same_screen(shot, expected_top, "the top of the reply")
         assert view.markdown.source == LONG
