@@ -369,6 +369,3 @@ def _print(
             f"\n! {len(rows) - saved} of {len(rows)} rows were not saved: {ledger.last_error}",
             err=True,
         )
-
-
-COMMANDS = [bench]

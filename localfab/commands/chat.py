@@ -167,6 +167,3 @@ def chat(
     if ctx_size is not None and ctx_size < 16:
         raise UsageError(f"--ctx-size {ctx_size} is too small; use at least 16")
     open_app(model, session_id=session_id, new=new, system=system, ctx_size=ctx_size, theme=theme)
-
-
-COMMANDS = [chat]

@@ -400,6 +400,3 @@ def add(path: Path, name: str | None) -> None:
     what = f"{human_size(entry.size)} {entry.quant or ''} {entry.arch or ''}".rstrip()
     click.echo(f"added {entry.name}: {what}")
     click.echo(f"  {entry.path}")
-
-
-COMMANDS = [pull, list_models, show, rm, add]

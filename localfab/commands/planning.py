@@ -300,6 +300,3 @@ def render_doctor(machine: Machine, advice: list[str]) -> str:
         lines.append(f"  [{d.index}] {d.name} ({d.kind}{extra}{bw}): {mem}; {use}")
     lines += ["", "Advice"] + [f"  - {a}" for a in advice]
     return "\n".join(lines)
-
-
-COMMANDS = [plan, doctor]

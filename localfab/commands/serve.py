@@ -313,6 +313,3 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
             raise worker.load_error
         raise ModelError(f"{path}: could not load the model: {worker.load_error}")
     click.echo("localfab: server stopped", err=True)
-
-
-COMMANDS = [serve]

@@ -92,6 +92,3 @@ def _compare(rows: list[dict[str, Any]], names: tuple[str, str], *, as_json: boo
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(lr.render_compare(name_a, name_b, a, b))
-
-
-COMMANDS = [stats]

@@ -158,6 +158,7 @@ class ChatScreen(SessionActions, VersionActions):
         self._interrupt_at = 0.0
         self._search_notice_shown = False
         self.pacer = FramePacer(min_interval=FRAME_SECONDS)
+        self._prompt_box: PromptBox | None = None  # found once: the frame tick reads it
         self._gc = StreamingGC()
 
     # --- layout --------------------------------------------------------------------------------
@@ -192,7 +193,8 @@ class ChatScreen(SessionActions, VersionActions):
         self.query_one("#load-panel").display = False
         self.query_one("#load-cancel", Button).can_focus = False  # the prompt keeps the keys
         self._timer = self.set_interval(FRAME_SECONDS, self._drain, pause=True)
-        self.query_one(PromptBox).focus()
+        self._prompt_box = self.query_one(PromptBox)
+        self._prompt_box.focus()
         # The first frame is painted before the saved chats are listed and before the engine
         # (and llama.cpp) is imported.
         self.call_after_refresh(self.refresh_sessions)
@@ -340,7 +342,8 @@ class ChatScreen(SessionActions, VersionActions):
         """
         if not self._inbox:
             return
-        self.pacer.typed(self.query_one(PromptBox).last_key_at)
+        if self._prompt_box is not None:
+            self.pacer.typed(self._prompt_box.last_key_at)
         if not self.pacer.due() and all(isinstance(i, ReplyText) for i in list(self._inbox)):
             return
         view = self._reply
