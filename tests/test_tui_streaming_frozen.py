@@ -91,7 +91,6 @@ async def test_a_long_reply_freezes_segments_and_ends_as_a_fresh_render(
             await stream(view, LONG, random.Random(seed))
             # Finished blocks were frozen into segments of their own as the reply grew.
             assert len(view.parts) >= 3
-            assert all(s.has_class("frozen") for s in view.segments[:-1])
             assert view.text == LONG
             assert view.markdown.source == LONG
             shot = await settled(pilot, app.export_screenshot, expected)
@@ -108,8 +107,8 @@ async def test_frozen_segments_are_not_rendered_again() -> None:
         view.start_stream()
         half = len(LONG) // 2
         await view.write(LONG[:half])
-        await wait_for(pilot, lambda: any(s.has_class("frozen") for s in view.segments))
-        frozen = [s for s in view.segments if s.has_class("frozen")]
+        await wait_for(pilot, lambda: len(view.segments) > 1)
+        frozen = view.segments[:-1]
         blocks = {id(s): list(s.children) for s in frozen}
         await view.write(LONG[half:])
         await view.end_stream()
@@ -118,6 +117,42 @@ async def test_frozen_segments_are_not_rendered_again() -> None:
             assert segment.is_attached
             assert list(segment.children) == blocks[id(segment)]
         assert view.markdown.source == LONG
+
+
+@pytest.mark.parametrize(
+    "head, lines",
+    [
+        ("| a | b |\n|---|---|\n", [f"| {i} | {i * i} |\n" for i in range(6)]),
+        ("- first\n", [f"- item {i}\n" for i in range(6)]),
+    ],
+    ids=["table", "list"],
+)
+async def test_a_block_still_open_when_its_segment_opens_keeps_growing_as_one(
+    monkeypatch: pytest.MonkeyPatch, head: str, lines: list[str]
+) -> None:
+    # The cut falls just before the open block, which then takes its next lines in the new
+    # segment: they must join it, not start a paragraph of their own.
+    monkeypatch.setattr(messages, "FREEZE_AFTER", 1)
+    text = "Before the table.\n\n" + head + "".join(lines)
+    app = Harness()
+    async with app.run_test(size=(60, 30)) as pilot:
+        log = app.query_one("#log")
+        fresh = MessageView("assistant", text)
+        await log.mount(fresh)
+        expected = await steady(pilot, app.export_screenshot)
+        expected_kinds = [type(b).__name__ for b in fresh.markdown.children]
+        await fresh.remove()
+        view = MessageView("assistant")
+        await log.mount(view)
+        view.start_stream()
+        for piece in ["Before the table.\n\n" + head, *lines]:
+            await view.write(piece)
+            await pilot.pause()
+        await view.end_stream()
+        assert len(view.segments) == 2
+        assert [type(b).__name__ for b in view.markdown.children] == expected_kinds
+        shot = await settled(pilot, app.export_screenshot, expected)
+        assert_same_screen(shot, expected, "the block that grew across the cut")
 
 
 async def test_code_blocks_and_tables_stay_whole_across_segments() -> None:
@@ -130,7 +165,7 @@ async def test_code_blocks_and_tables_stay_whole_across_segments() -> None:
         await pilot.pause()
         kinds = [type(b).__name__ for b in view.markdown.children]
         assert kinds.count("MarkdownFence") == 6  # three per copy
-        assert kinds.count("MarkdownTable") == 4
+        assert kinds.count("ReplyTable") == 4
         # Each code block copies byte-exact from whichever segment holds it.
         fences = list(view.query(MarkdownFence))
         assert view.code_of(fences[0]) == "12:00 lamp lit\n"

@@ -20,6 +20,7 @@ from textual.widgets import Label, Markdown, Static
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from localfab.tui.clipboard import code_blocks
+from localfab.tui.widgets.reply_markdown import ReplyMarkdown
 
 
 def shift_text(turns: int, tokens: int) -> str:
@@ -111,9 +112,9 @@ class MessageView(Vertical):
     """One message: who said it, and its text as Markdown (streamed for replies).
 
     A streaming reply is a column of Markdown segments. Only the last one, the open segment,
-    takes new text; once it holds more than `FREEZE_AFTER` blocks, its finished blocks move to a
-    frozen segment of their own that is never touched again, and a frozen segment that is more
-    than a screen away from the view is parked (see `ParkedSegment`). The cost of a batch of
+    takes new text; once it holds more than `FREEZE_AFTER` blocks, it is frozen with its finished
+    blocks (never touched again) and a new open segment takes the rest, and a frozen segment
+    that is more than a screen away from the view is parked (see `ParkedSegment`). The cost of a batch of
     tokens therefore stays flat however long the reply grows, where one Markdown widget
     re-lays out and re-styles every block it holds for each batch.
     """
@@ -141,7 +142,7 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         with Vertical(classes="body"):
-            yield Markdown(self._initial, classes="segment")
+            yield ReplyMarkdown(self._initial, classes="segment")
         yield Label("", classes="reply-footer")
 
     @property
@@ -204,21 +205,34 @@ class MessageView(Vertical):
                 return
 
     async def _freeze_finished(self) -> None:
-        """Move the open segment's finished blocks into a frozen segment before it."""
+        """Close the open segment at a block boundary; the blocks after it open a new segment.
+
+        The finished blocks stay the widgets they are (nothing is parsed or mounted again): the
+        open segment becomes the frozen one, gives up its blocks from the cut on, and a new open
+        segment takes their text, parsed afresh (a block or two).
+        """
         body = self.query_one(".body", Vertical)
-        open_segment = self.segments[-1]
-        blocks = list(open_segment.query_children(MarkdownBlock))
+        segment = self.segments[-1]
+        blocks = list(segment.query_children(MarkdownBlock))
         if len(blocks) <= FREEZE_AFTER:
             return
         k = split_point(blocks)
         if k is None:
             return
-        lines = open_segment.source.splitlines(keepends=True)
+        lines = segment.source.splitlines(keepends=True)
         cut = blocks[k].source_range[0]
         frozen, rest = "".join(lines[:cut]), "".join(lines[cut:])
+        opened = ReplyMarkdown(classes="segment")
         with self.app.batch_update():
-            await body.mount(Markdown(frozen, classes="segment frozen"), before=open_segment)
-            await open_segment.update(rest)
+            await segment.remove_children(blocks[k:])
+            # Its source: what its remaining blocks were parsed from. (No class marks it frozen:
+            # a class change would restyle every block in it. Every segment but the last is.)
+            segment._markdown = frozen
+            await body.mount(opened, after=segment)
+            await opened.update(rest)
+        # The next append re-parses from where the open block (the last) starts, as it would
+        # have in the old segment (`update` leaves this at the last line, inside that block).
+        opened._last_parsed_line = segment._last_parsed_line - cut
 
     async def _park_far_segments(self) -> None:
         """Park the frozen segments that are more than a screen away from the view."""
@@ -247,7 +261,9 @@ class MessageView(Vertical):
         if parked.parent is not body:
             return
         with self.app.batch_update():
-            await body.mount(Markdown(parked.source, classes=parked.segment_classes), before=parked)
+            await body.mount(
+                ReplyMarkdown(parked.source, classes=parked.segment_classes), before=parked
+            )
             await parked.remove()
 
     @on(ParkedSegment.Shown)
