@@ -37,7 +37,7 @@ async def test_a_reply_streams_as_markdown_and_the_status_bar_shows_speed(histor
         assert reply.markdown.source == SAMPLE_REPLY
         # The code block and the table became Markdown blocks, not plain text.
         kinds = {type(b).__name__ for b in reply.markdown.children}
-        assert {"MarkdownFence", "MarkdownTable"} <= kinds
+        assert {"MarkdownFence", "ReplyTable"} <= kinds
         assert chat.last_finish == "stop"
         assert "tok/s" in label_text(app, "#status-speed")
         assert "—" not in label_text(app, "#status-speed")

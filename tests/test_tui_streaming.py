@@ -22,6 +22,7 @@ from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from localfab.tui.widgets.messages import MessageView
+from localfab.tui.widgets.reply_markdown import ReplyTable
 from tests.screen_compare import assert_same_screen, settled, steady
 
 pytestmark = pytest.mark.anyio
@@ -118,6 +119,11 @@ Shown = tuple[str, tuple[str, ...], str, tuple[Span, ...]]
 def shown(node: Widget) -> Shown:
     """What one widget shows: its kind, its classes and its content with the content's styles."""
     visual: object = None  # a container: what it holds is compared widget by widget
+    if isinstance(node, ReplyTable):  # draws itself from its cells
+        cells = [*node.headers, *(cell for row in node.rows for cell in row)]
+        text = repr(([h.plain for h in node.headers], [[c.plain for c in r] for r in node.rows]))
+        spans = tuple(span for cell in cells for span in cell.spans)
+        return "ReplyTable", tuple(sorted(node.classes)), text + repr(node.aligns), spans
     if isinstance(node, Static):
         visual = node.visual
     elif type(node).render is not Widget.render:  # a widget that draws its own content
@@ -126,12 +132,7 @@ def shown(node: Widget) -> Shown:
         text, spans = visual.plain, tuple(visual.spans)
     else:
         text, spans = repr(visual), ()
-    # Textual's table mounts the rows that stream in as plain `Static` cells: the same look as
-    # the link-aware cell class it composes a whole table with.
-    kind = type(node).__name__
-    if kind == "MarkdownTableCellContents":
-        kind = "Static"
-    return kind, tuple(sorted(node.classes)), text, spans
+    return type(node).__name__, tuple(sorted(node.classes)), text, spans
 
 
 def widget_render(view: MessageView) -> list[Shown]:
