@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localfab.errors import LoadCancelled, UsageError
+from localfab.tui.engine_thread import EngineThread, on_engine, streamed_on_engine
 
 __all__ = ["LoadCancelled"]  # the user cancelled a model load: re-exported for the app
 
@@ -187,7 +188,11 @@ class ChatOptions:
 
 @dataclass
 class LocalBackend:
-    """A ChatSession over a model loaded in this process (or over a fake engine in tests)."""
+    """A ChatSession over a model loaded in this process (or over a fake engine in tests).
+
+    The model is loaded, and every reply generated, on the backend's one engine thread
+    (see `localfab.tui.engine_thread`), whichever thread calls.
+    """
 
     loader: Loader
     history: History | None
@@ -200,7 +205,9 @@ class LocalBackend:
     _loaded: Loaded | None = None
     _session: ChatSession | None = None
     _recorder: ReplyRecorder | None = None
+    engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
 
+    @on_engine
     def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelInfo:
         loaded = self.loader(progress, cancel)
         if cancel.is_set():
@@ -228,6 +235,7 @@ class LocalBackend:
             raise RuntimeError("no model is loaded")
         return self._loaded
 
+    @on_engine
     def open_session(self, *, session_id: int | None, system: str | None) -> list[StoredTurn]:
         from localfab.chat.session import ChatSession
 
@@ -267,6 +275,7 @@ class LocalBackend:
         assert self._session is not None
         return self._session
 
+    @streamed_on_engine
     def send(self, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()
         if chat.history is None and self.history is not None:
@@ -280,6 +289,7 @@ class LocalBackend:
         )
         yield from self._events(events)
 
+    @streamed_on_engine
     def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()
         events = chat.continue_reply(
@@ -287,6 +297,7 @@ class LocalBackend:
         )
         yield from self._events(events)
 
+    @streamed_on_engine
     def regenerate(
         self, message_id: int | None, *, cancel: threading.Event
     ) -> Iterator[ReplyEvent]:
@@ -300,6 +311,7 @@ class LocalBackend:
         )
         yield from self._events(events)
 
+    @streamed_on_engine
     def edit(self, message_id: int, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()
         events = chat.edit(
@@ -319,6 +331,7 @@ class LocalBackend:
             return
         yield from _translate(recorder.wrap(events), energy=lambda: recorder.energy)
 
+    @on_engine
     def switch_version(self, message_id: int, step: int) -> list[StoredTurn]:
         chat = self._chat()
         return [_turn(m) for m in chat.switch_version(self._index(chat, message_id), step)]
@@ -345,6 +358,10 @@ class LocalBackend:
         return len(chat.expected_cache), chat.n_ctx
 
     def close(self) -> None:
+        self.engine_thread.call(self._close)
+        self.engine_thread.shutdown()
+
+    def _close(self) -> None:
         if self._loaded is not None:
             self._loaded.close()
             self._loaded = None
