@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, Sparkline
@@ -42,6 +43,17 @@ class StatusBar(Horizontal):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._usage = (0, 0)
+        self._shown: dict[str, str] = {}
+
+    def _put(self, label_id: str, text: str) -> Label:
+        """Show `text` in a label; a text as wide as the last is repainted without a layout
+        pass (which lays out the whole screen: twice per frame of a reply, for the live speed)."""
+        label = self.query_one(f"#{label_id}", Label)
+        old = self._shown.get(label_id)
+        if old != text:
+            self._shown[label_id] = text
+            label.update(text, layout=old is None or cell_len(old) != cell_len(text))
+        return label
 
     def compose(self) -> ComposeResult:
         yield Label("no model", id="status-model")
@@ -53,9 +65,8 @@ class StatusBar(Horizontal):
         yield Label("— J/tok", id="status-energy")
 
     def show_model(self, name: str, gpu_layers: int | None, total_layers: int | None) -> None:
-        self.query_one("#status-model", Label).update(name)
-        gpu = "" if total_layers is None else f"GPU {gpu_layers}/{total_layers}"
-        self.query_one("#status-gpu", Label).update(gpu)
+        self._put("status-model", name)
+        self._put("status-gpu", "" if total_layers is None else f"GPU {gpu_layers}/{total_layers}")
 
     def on_resize(self) -> None:
         self.set_class(self.size.width < NARROW, "narrow")
@@ -65,8 +76,7 @@ class StatusBar(Horizontal):
         self._usage = (used, total)
         cells = GAUGE_CELLS if self.size.width >= NARROW else GAUGE_CELLS // 2
         text = f"ctx {gauge(used, total, cells)} {compact(used)}/{compact(total)}" if total else ""
-        label = self.query_one("#status-ctx", Label)
-        label.update(text)
+        label = self._put("status-ctx", text)
         label.set_class(total > 0 and used / total > 0.9, "full")
 
     def show_speed(
@@ -76,13 +86,13 @@ class StatusBar(Horizontal):
         speed = "— tok/s" if tok_s is None else f"{tok_s:,.1f} tok/s"
         if draft_acceptance is not None:  # speculative decoding: the share of drafts kept
             speed += f" (draft {draft_acceptance:.0%})"
-        self.query_one("#status-ttft", Label).update(ttft)
-        self.query_one("#status-speed", Label).update(speed)
+        self._put("status-ttft", ttft)
+        self._put("status-speed", speed)
 
     def show_energy(self, joules_per_token: float | None) -> None:
         """The last reply's energy per token; a dash where this machine reports no power."""
         text = "— J/tok" if joules_per_token is None else f"{joules_per_token:.3g} J/tok"
-        self.query_one("#status-energy", Label).update(text)
+        self._put("status-energy", text)
 
     def add_speed_sample(self, tok_s: float) -> None:
         spark = self.query_one("#status-spark", Sparkline)
