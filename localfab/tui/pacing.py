@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 # The UI thread's share of one core while a reply streams: small when the engine's threads
 # take every core (each frame then preempts one of them, and llama.cpp's other threads wait for
 # it at the next barrier), larger when a core is left over for the UI.
-SHARED_CORES_SHARE = 0.05
+SHARED_CORES_SHARE = 0.025
 JUST_TYPED = 0.02  # a key this recent is still being echoed
 SPARE_CORE_SHARE = 0.5
 
