@@ -256,6 +256,24 @@ async def test_a_load_can_be_cancelled(history):
         assert not app.chat.query_one("#load-panel").display
 
 
+async def test_full_collections_are_kept_short_while_a_model_loads(history):
+    # The objects the app held when the load began are out of the collector's full passes
+    # (each a 30-60 ms stall of the event loop here) until the model is loaded.
+    app, _ = build_app(history, steps=20, step_delay=0.02)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.chat.model_loading)
+        assert gc.get_freeze_count() > 0
+        await loaded(pilot, app)
+        await wait_for(pilot, lambda: gc.get_freeze_count() == 0)
+    # And a load that fails (or is cancelled) gives them back too.
+    app, _ = build_app(history, fail="truncated", steps=20, step_delay=0.02)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.chat.model_loading)
+        assert gc.get_freeze_count() > 0
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorDialog))
+        assert gc.get_freeze_count() == 0
+
+
 async def test_quitting_during_a_reply_saves_it_marked_interrupted(history):
     app, engine = build_app(history, engine=FakeEngine(hold_after=8))
     async with app.run_test(size=(100, 30)) as pilot:

@@ -209,6 +209,9 @@ class ChatScreen(SessionActions, VersionActions):
 
     def _begin_load(self) -> None:
         self.model_loading = True
+        # A full collection walks every object the app holds with the GIL held (30-60 ms here):
+        # kept short while the model loads, as while a reply streams.
+        self._gc.begin()
         panel = self.query_one("#load-panel")
         panel.display = True
         self.query_one("#load-stage", Label).update(f"Loading {self.model_name}…")
@@ -264,17 +267,23 @@ class ChatScreen(SessionActions, VersionActions):
         self.refresh_sessions()
         self.model_loading = False
         self.loaded = True
+        self.call_after_refresh(self._load_gc_end)
         self._show_context()
 
     @on(ModelLoadFailed)
     def _model_load_failed(self, event: ModelLoadFailed) -> None:
         self.model_loading = False
+        self._load_gc_end()
         self.query_one("#load-panel").display = False
         self.query_one(StatusBar).show_model(f"{self.model_name} (not loaded)", None, None)
         if event.cancelled:
             self.notify("Model load cancelled.", title="Load")
             return
         self.app.push_screen(ErrorDialog(f"Could not load {self.model_name}", event.reason))
+
+    def _load_gc_end(self) -> None:
+        if not self.streaming:  # a reply already begun keeps it until it ends
+            self._gc.end()
 
     @on(Button.Pressed, "#load-cancel")
     def action_cancel_load(self) -> None:
