@@ -187,27 +187,33 @@ def test_logit_bias_in_every_form(http: httpx.Client) -> None:
     assert "invalid bias" in error(bad, 400, "invalid_request_error")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the engine to report probabilities after the sampler chain "
-    "(Engine.stream(..., post_sampling_probs=True)); pre-sampling logprobs only today",
-)
 def test_post_sampling_probs(http: httpx.Client) -> None:
+    # llama-server's shape: `prob` and `top_probs`, from the candidates the sampler chain kept
+    # (top_k=2 keeps two, which then hold all the probability).
     body = {"prompt": PROMPT, "n_predict": 2, "n_probs": 3, "post_sampling_probs": True}
     res = complete(http, **body, temperature=0.8, top_k=2)
-    entry = res["completion_probabilities"][0]
-    assert set(entry) == {"id", "token", "bytes", "prob", "top_probs"}
-    assert len(entry["top_probs"]) == 2
-    assert sum(t["prob"] for t in entry["top_probs"]) == pytest.approx(1.0)
+    assert len(res["completion_probabilities"]) == 2
+    for entry in res["completion_probabilities"]:
+        assert set(entry) == {"id", "token", "bytes", "prob", "top_probs"}
+        token = entry["id"]
+        assert len(entry["top_probs"]) == 2
+        assert sum(t["prob"] for t in entry["top_probs"]) == pytest.approx(1.0)
+        assert set(entry["top_probs"][0]) == {"id", "token", "bytes", "prob"}
+        kept = {t["id"]: t["prob"] for t in entry["top_probs"]}
+        assert entry["prob"] == pytest.approx(kept[token])
+    # Greedy draws from nothing: the probabilities are the softmax of what the chain kept (the
+    # whole vocabulary), so they match the pre-sampling ones.
+    greedy = complete(http, **body, temperature=0)["completion_probabilities"][0]
+    raw = complete(http, prompt=PROMPT, n_predict=2, n_probs=3, temperature=0)
+    raw_first = raw["completion_probabilities"][0]
+    assert [t["id"] for t in greedy["top_probs"]] == [t["id"] for t in raw_first["top_logprobs"]]
+    assert greedy["prob"] == pytest.approx(math.exp(raw_first["logprob"]), rel=1e-4)
 
 
-def test_post_sampling_probs_is_a_clear_501_until_supported(http: httpx.Client) -> None:
-    body = {"prompt": PROMPT, "n_predict": 2, "n_probs": 3, "post_sampling_probs": True}
-    message = error(http.post("/completion", json=body), 501, "not_supported_error")
-    assert "post_sampling_probs" in message
-    # Without n_probs there is nothing to report: accepted.
+def test_post_sampling_probs_without_n_probs_is_accepted(http: httpx.Client) -> None:
     res = complete(http, prompt=PROMPT, n_predict=2, post_sampling_probs=True)
     assert res["generation_settings"]["post_sampling_probs"] is True
+    assert "completion_probabilities" not in res
 
 
 # --- streams: progress, timings per token ----------------------------------------------------

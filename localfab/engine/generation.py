@@ -8,6 +8,7 @@ around it.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,7 @@ from localfab.errors import ContextOverflow, LocalfabError, UsageError
 
 if TYPE_CHECKING:
     from localfab.engine.llama import Engine
+    from localfab.engine.spec import Speculator
 
 Logits = np.ndarray[Any, np.dtype[np.float32]]
 Ranked = tuple[tuple[tuple[int, bytes, float], ...], float]
@@ -50,16 +52,23 @@ def check_request(engine: Engine, prompt: Sequence[int], opts: GenerationOptions
     engine.check_tokens(prompt)
 
 
-def new_sampler(engine: Engine, p: SamplingParams) -> GuardedSampler | None:
-    """The samplers for one generation; None for plain greedy (see `is_fast_greedy`)."""
-    if is_fast_greedy(p):
+def new_sampler(
+    engine: Engine, p: SamplingParams, *, readable: bool = False
+) -> GuardedSampler | None:
+    """The samplers for one generation; None for plain greedy (see `is_fast_greedy`).
+
+    `readable`: a chain whose output can be read after each token (post_sampling_probs), run
+    on the sampler's own candidate array rather than in one native call.
+    """
+    if is_fast_greedy(p) and not readable:
         return None
     bias = dict(p.logit_bias)
     if p.ignore_eos:
         bias.update({t: float("-inf") for t in engine.eog_tokens()})
     if bias:
         engine.check_tokens(list(bias))
-    return GuardedSampler(engine._vocab, engine.n_vocab, engine.n_ctx, p, bias, engine._ctx)
+    ctx = None if readable else engine._ctx
+    return GuardedSampler(engine._vocab, engine.n_vocab, engine.n_ctx, p, bias, ctx)
 
 
 def _start(engine: Engine, prompt: Sequence[int], opts: GenerationOptions) -> GuardedSampler | None:
@@ -69,7 +78,7 @@ def _start(engine: Engine, prompt: Sequence[int], opts: GenerationOptions) -> Gu
         raise LocalfabError("the engine is busy with another generation")
     engine._owner = threading.get_ident()
     try:
-        return new_sampler(engine, opts.sampling)
+        return new_sampler(engine, opts.sampling, readable=post_sampling(opts))
     except BaseException:
         engine._lock.release()
         raise
@@ -121,6 +130,50 @@ def rank(logits: Logits, n: int, token_bytes: Callable[[int], bytes]) -> Ranked:
 def _probs(ranked: Ranked, piece: bytes, logits: Logits, tok: int) -> TokenProbs:
     top, log_z = ranked
     return TokenProbs(piece, float(logits[tok]) - log_z, top)
+
+
+def _token_probs(
+    sampler: GuardedSampler | None,
+    ranked: Ranked | None,
+    piece: bytes,
+    logits: Logits,
+    tok: int,
+    n: int,
+    token_bytes: Callable[[int], bytes],
+) -> TokenProbs:
+    """A token's probabilities: from the raw logits (`ranked`), or after the sampler chain."""
+    if ranked is not None:
+        return _probs(ranked, piece, logits, tok)
+    assert sampler is not None  # post_sampling_probs: a readable one (see new_sampler)
+    return _post_probs(sampler, n, tok, piece, token_bytes)
+
+
+def post_sampling(opts: GenerationOptions) -> bool:
+    """Whether each token reports the sampler chain's probabilities (post_sampling_probs)."""
+    return opts.post_sampling_probs and opts.n_probs > 0
+
+
+def _raw_probs(opts: GenerationOptions) -> int:
+    """How many likeliest tokens to rank from the raw logits, before sampling (0: none)."""
+    return 0 if post_sampling(opts) else opts.n_probs
+
+
+def _speculator(engine: Engine, opts: GenerationOptions) -> Speculator | None:
+    """The engine's speculator for this reply, if it speculates. Not with post-sampling
+    probabilities: drafted tokens have no sampler output of their own to report."""
+    return None if post_sampling(opts) else engine._speculator
+
+
+def _post_probs(
+    sampler: GuardedSampler, n: int, tok: int, piece: bytes, token_bytes: Callable[[int], bytes]
+) -> TokenProbs:
+    """`tok`'s probability and the `n` likeliest tokens after the sampler chain."""
+    ids, probs, p_tok = sampler.kept(n, tok)
+    top = tuple(
+        (int(t), token_bytes(int(t)), math.log(q) if q > 0 else -math.inf)
+        for t, q in zip(ids, probs, strict=True)
+    )
+    return TokenProbs(piece, math.log(p_tok) if p_tok > 0 else -math.inf, top, post=True)
 
 
 def _argmax_without(logits: Logits, banned: np.ndarray[Any, np.dtype[Any]]) -> int:
@@ -206,8 +259,9 @@ def stream(
         if opts.carry:
             utf8.feed(opts.carry)
         stops = StopMatcher(opts.stop)
-        if engine._speculator is not None:  # chosen once per reply, never inside the loop
-            reply = yield from engine._speculator.stream(engine, sampler, prompt, opts, utf8, stops)
+        speculator = _speculator(engine, opts)  # chosen once per reply, never inside the loop
+        if speculator is not None:
+            reply = yield from speculator.stream(engine, sampler, prompt, opts, utf8, stops)
             yield from _finish(
                 n_prompt=len(prompt),
                 n_reused=n_reused,
@@ -237,10 +291,11 @@ def stream(
         n_ctx = kv.n_ctx
         max_tokens = opts.max_tokens
         n_probs = opts.n_probs
+        raw_probs = _raw_probs(opts)
         ignore_eos = sampler is None and opts.sampling.ignore_eos
         eog = np.array(engine.eog_tokens()) if ignore_eos else None
         while True:
-            ranked = rank(logits_of(), n_probs, token_bytes) if n_probs > 0 else None
+            ranked = rank(logits_of(), n_probs, token_bytes) if raw_probs else None
             if sampler is None:
                 logits = logits_of()
                 tok = int(logits.argmax())
@@ -260,7 +315,11 @@ def stream(
             text = stops.feed(utf8.feed(piece))
             if text:
                 parts.append(text)
-            probs = None if ranked is None else _probs(ranked, piece, logits_of(), tok)
+            probs = (
+                _token_probs(sampler, ranked, piece, logits_of(), tok, n_probs, token_bytes)
+                if n_probs > 0
+                else None
+            )
             yield TokenEvent(tok, text, probs)
             if stops.matched is not None:
                 finish, stop_type = "stop", "word"

@@ -48,7 +48,7 @@ __all__ = ["Engine", "backend_info", "measure_buffers", "physical_cores"]
 log = logging.getLogger("localfab.engine")
 
 # `stream`'s keyword defaults: the keyword form and `options` cannot be mixed.
-_KEYWORD_DEFAULTS: tuple[object, ...] = (-1, None, (), None, None, b"", 0)
+_KEYWORD_DEFAULTS: tuple[object, ...] = (-1, None, (), None, None, b"", 0, False)
 
 
 class Engine:
@@ -395,6 +395,7 @@ class Engine:
         on_context_full: ContextFull | None = None,
         carry: bytes = b"",
         n_probs: int = 0,
+        post_sampling_probs: bool = False,
     ) -> Iterator[TokenEvent | Done]:
         """Generate after `prompt`, yielding TokenEvents and finally one Done.
 
@@ -404,7 +405,16 @@ class Engine:
         is returned in `Done.pending`, not shown, for a continuation to `carry`. Checks happen
         when the first event is asked for: a UsageError or ContextOverflow is raised there.
         """
-        keywords = (max_tokens, sampling, tuple(stop), cancel, on_context_full, carry, n_probs)
+        keywords = (
+            max_tokens,
+            sampling,
+            tuple(stop),
+            cancel,
+            on_context_full,
+            carry,
+            n_probs,
+            post_sampling_probs,
+        )
         if options is None:
             options = GenerationOptions(
                 max_tokens=max_tokens,
@@ -414,6 +424,7 @@ class Engine:
                 on_context_full=on_context_full,
                 carry=carry,
                 n_probs=n_probs,
+                post_sampling_probs=post_sampling_probs,
             )
         elif keywords != _KEYWORD_DEFAULTS:
             raise TypeError("pass generation options as `options` or as keywords, not both")

@@ -98,6 +98,7 @@ class GuardedSampler:
         self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self._ids = np.arange(n_vocab, dtype=np.int32)
         self._cand = np.empty(n_vocab, dtype=_TOKEN_DATA)
+        self._kept = 0  # candidates the chain kept at the last `sample` (not the native path)
 
     def _build_chain(
         self, p: SamplingParams, n_ctx: int, bias: dict[int, float]
@@ -181,12 +182,39 @@ class GuardedSampler:
             raise GrammarDeadEnd("logit_bias forbids every token; remove some of the bans")
         assert self.chain is not None
         lc.llama_sampler_apply(self.chain, ctypes.byref(arr))
+        self._kept = int(arr.size)
         if not 0 <= arr.selected < arr.size:
             raise LocalfabError("the sampler chose no token")
         tok = int(arr.data[arr.selected].id)
         if not allowed[tok]:
             raise LocalfabError(f"the sampler chose token {tok}, which the grammar forbids")
         return tok
+
+    def kept(self, n: int, token: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """The candidates the chain kept at the last `sample`, as llama-server's
+        post_sampling_probs reads them: the `n` most probable (ids, probabilities), and the
+        probability of `token` (0 if the chain dropped it). Needs a sampler built with
+        `ctx=None`: the chain then runs on this sampler's own candidate array, read back here.
+
+        A chain that picks without drawing (greedy) leaves no probabilities: those are then the
+        softmax of the logits it kept.
+        """
+        if self._native:
+            raise LocalfabError("post-sampling probabilities need a sampler built with ctx=None")
+        view = self._cand[: self._kept]
+        p = view["p"].astype(np.float64)
+        if not p.any():
+            logits = view["logit"].astype(np.float64)
+            finite = np.isfinite(logits)
+            if finite.any():
+                e = np.exp(logits[finite] - logits[finite].max())
+                p[finite] = e / e.sum()
+        n = min(n, p.size)
+        best = np.argpartition(-p, n - 1)[:n] if 0 < n < p.size else np.arange(n)
+        best = best[np.argsort(-p[best], kind="stable")]
+        ids = view["id"]
+        at = np.flatnonzero(ids == token)
+        return ids[best], p[best], float(p[at[0]]) if at.size else 0.0
 
     def sample_at(self, logits: np.ndarray, index: int) -> int:
         """Like `sample`, for output `index` of the last batch (`logits` are that row)."""

@@ -133,7 +133,9 @@ class GenerationOptions:
     fills, `on_context_full(generated)` returns the tokens the cache should hold instead (the
     engine shifts to them and goes on) or None to end the reply ("length", stop_type
     "context"). `carry` is the incomplete UTF-8 of a reply this one continues. With `n_probs`
-    > 0 every TokenEvent carries the token's log-probability and the `n_probs` likeliest tokens.
+    > 0 every TokenEvent carries the token's log-probability and the `n_probs` likeliest tokens;
+    with `post_sampling_probs` those come from the sampler chain's output (the candidates it
+    kept, with the probabilities it drew from) instead of the model's raw distribution.
     """
 
     max_tokens: int = -1
@@ -143,6 +145,7 @@ class GenerationOptions:
     on_context_full: ContextFull | None = None
     carry: bytes = b""
     n_probs: int = 0
+    post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a list from a caller: keep the value immutable
@@ -220,7 +223,8 @@ class TokenProbs:
     """How likely a generated token was, and its most likely alternatives.
 
     Log-probabilities of the model's own distribution (softmax of the raw logits, before any
-    sampler), as llama-server reports them by default. `piece` is the token's bytes (special
+    sampler), as llama-server reports them by default; with `post`, of the distribution the
+    sampler chain drew from (only the candidates it kept). `piece` is the token's bytes (special
     tokens: empty, as llama-server shows them); `top` is (token, piece, logprob), most likely
     first.
     """
@@ -228,6 +232,7 @@ class TokenProbs:
     piece: bytes
     logprob: float
     top: tuple[tuple[int, bytes, float], ...]
+    post: bool = False  # after the sampler chain (post_sampling_probs), not the raw softmax
 
 
 @dataclass(frozen=True)

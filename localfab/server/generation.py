@@ -117,12 +117,6 @@ async def respond(
     for prompt in prompts:
         server.check_prompt(prompt.tokens)
     server.check_bias(gen)
-    if gen.post_sampling_probs and gen.n_probs > 0:
-        raise ApiError(
-            "post_sampling_probs is not supported yet: the engine reports each token's "
-            "probabilities before sampling; leave post_sampling_probs out to get those",
-            "not_supported_error",
-        )
     loop = asyncio.get_running_loop()
     completion_id = shapes.completion_id()
     params = generation_settings(gen, only_metrics=True)
@@ -141,6 +135,7 @@ async def respond(
                 cache_prompt=gen.cache_prompt,
                 n_keep=gen.n_keep,
                 n_probs=gen.n_probs,
+                post_sampling_probs=gen.post_sampling_probs,
                 window=window,
                 params=params,
                 return_progress=gen.return_progress and gen.stream,

@@ -8,6 +8,7 @@ Three dialects share one generation: native `/completion` (`content`, `stop`, `t
 from __future__ import annotations
 
 import codecs
+import math
 import secrets
 import string
 import time
@@ -54,20 +55,34 @@ def _piece_text(piece: bytes) -> str:
 
 
 def probs_entries(items: Sequence[tuple[int, TokenProbs]]) -> list[dict[str, Any]]:
-    """llama-server's completion_probabilities / logprobs.content entries, one per token."""
-    return [
-        {
+    """llama-server's completion_probabilities / logprobs.content entries, one per token:
+    log-probabilities of the raw distribution, or with post_sampling_probs the probabilities
+    the sampler chain drew from (`prob` and `top_probs`, as llama-server names them)."""
+    return [_probs_entry(token, probs) for token, probs in items]
+
+
+def _probs_entry(token: int, probs: TokenProbs) -> dict[str, Any]:
+    if probs.post:
+        return {
             "id": token,
             "token": _piece_text(probs.piece),
             "bytes": list(probs.piece),
-            "logprob": probs.logprob,
-            "top_logprobs": [
-                {"id": t, "token": _piece_text(piece), "bytes": list(piece), "logprob": logprob}
-                for t, piece, logprob in probs.top
+            "prob": math.exp(probs.logprob),
+            "top_probs": [
+                {"id": t, "token": _piece_text(piece), "bytes": list(piece), "prob": math.exp(lp)}
+                for t, piece, lp in probs.top
             ],
         }
-        for token, probs in items
-    ]
+    return {
+        "id": token,
+        "token": _piece_text(probs.piece),
+        "bytes": list(probs.piece),
+        "logprob": probs.logprob,
+        "top_logprobs": [
+            {"id": t, "token": _piece_text(piece), "bytes": list(piece), "logprob": logprob}
+            for t, piece, logprob in probs.top
+        ],
+    }
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ class Job:
     cache_prompt: bool = True
     n_keep: int = 0
     n_probs: int = 0
+    post_sampling_probs: bool = False  # n_probs from the sampler chain's output
     # A chat's messages fitted by whole turns (ChatWindow): it makes room for a reply that
     # fills the window.
     window: ChatWindow | None = None
@@ -328,6 +329,7 @@ class EngineWorker:
                 cancel=job.cancel,
                 on_context_full=self._shifter(job),
                 n_probs=job.n_probs,
+                post_sampling_probs=job.post_sampling_probs,
             ):
                 if isinstance(event, Done):
                     done = event
