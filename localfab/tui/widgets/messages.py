@@ -112,11 +112,11 @@ class MessageView(Vertical):
     """One message: who said it, and its text as Markdown (streamed for replies).
 
     A streaming reply is a column of Markdown segments. Only the last one, the open segment,
-    takes new text; once it holds more than `FREEZE_AFTER` blocks, it is frozen with its finished
-    blocks (never touched again) and a new open segment takes the rest, and a frozen segment
-    that is more than a screen away from the view is parked (see `ParkedSegment`). The cost of a batch of
-    tokens therefore stays flat however long the reply grows, where one Markdown widget
-    re-lays out and re-styles every block it holds for each batch.
+    takes new text; once it holds more than `FREEZE_AFTER` blocks, it is frozen with its
+    finished blocks (never touched again) and a new open segment takes the rest; a frozen
+    segment more than a screen away from the view is parked (see `ParkedSegment`). The cost of
+    a batch of tokens therefore stays flat however long the reply grows, where one Markdown
+    widget re-lays out and re-styles every block it holds for each batch.
     """
 
     # The segments stack as one document (structure, not looks).
