@@ -304,6 +304,29 @@ def test_closing_the_stream_mid_run_leaves_no_rejected_cells(eng: Any) -> None:
         eng.set_speculation(None)
 
 
+def test_top_tokens_after_a_verify_that_cut_its_draft_read_the_last_kept_token(eng: Any) -> None:
+    # A verify that keeps part of its draft leaves llama.cpp's last output row on a rejected
+    # token (a reply that ends right there, at eos or a stop string, leaves it so); what follows
+    # the last kept token must be read from that token's own row.
+    prompt = eng.tokenize(REWRITE)
+    eng.clear_cache()
+    eng.evaluate(prompt[:-1])
+    kv = eng._kv
+    draft = eng.tokenize(" the lighthouse keeper wound the clock", add_special=False)
+    kv.decode_rows([prompt[-1], *draft], len(prompt) - 1)
+    kv.truncate(len(prompt) + 2)  # kept: the pending token and two drafted ones
+    cut = eng.top_tokens(3)
+    assert eng.cached_tokens == prompt + draft[:2]
+    eng.clear_cache()
+    eng.evaluate(prompt + draft[:2])
+    fresh = eng.top_tokens(3)
+    # A batch of eight and a fresh evaluation round differently (logits a few tenths apart, the
+    # third token a near-tie); the row of a rejected token predicts something else entirely.
+    assert [t for t, _ in cut[:2]] == [t for t, _ in fresh[:2]]
+    eng.clear_cache()
+    assert eng.top_tokens(3) == []  # nothing evaluated: no logits to read
+
+
 def test_the_cache_has_no_rejected_cells_after_every_step(eng: Any) -> None:
     prompt = eng.tokenize(REWRITE)
     eng.set_speculation(NGRAM)

@@ -43,6 +43,11 @@ class KVCache:
         # Tokens whose KV cells sit in the cache at positions 0..len-1, in order. Only ever
         # changed in place, so a generation loop may hold it in a local.
         self.cached: list[int] = []
+        # The last verify batch (start, n), and after a truncate that cut it: (cache length,
+        # the batch row of the last kept token or None). Read by `last_row`; the token loop
+        # never touches either.
+        self._rows = (0, 0)
+        self._after_cut: tuple[int, int | None] | None = None
 
     def free(self) -> None:
         """Free the batches (the context belongs to the engine)."""
@@ -89,6 +94,7 @@ class KVCache:
                 self._decode_failed(rc, start + len(tokens))
             del self.cached[p0:]
             self.cached.extend(chunk)
+        self._after_cut = None if logits_last else (len(self.cached), None)
 
     def _decode_failed(self, rc: int, n_tokens: int) -> NoReturn:
         # Keep our view equal to what the cache really holds, then report.
@@ -155,6 +161,8 @@ class KVCache:
             self._decode_failed(rc, start + n)
         del self.cached[start:]
         self.cached.extend(tokens)
+        self._rows = (start, n)
+        self._after_cut = None
         ptr = lc.llama_get_logits(self.ctx)
         return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
 
@@ -168,11 +176,22 @@ class KVCache:
             return
         if lc.llama_memory_seq_rm(self.mem, 0, n, -1):
             del self.cached[n:]
+            start, count = self._rows
+            self._after_cut = (n, n - 1 - start if start <= n - 1 < start + count else None)
             return
         keep = self.cached[:n]
         self.clear()
         if keep:
             self.decode(keep, 0, logits_last=False)
+
+    def last_row(self) -> int | None:
+        """The output row (for llama_get_logits_ith) holding the logits after the last cached
+        token: -1, the batch's last, unless a truncate cut the batch (then the kept token's
+        own row, or None when it has none)."""
+        cut = self._after_cut
+        if cut is not None and cut[0] == len(self.cached):
+            return cut[1]
+        return -1
 
     def pos_max(self) -> int:
         """The highest position llama.cpp holds for the sequence (-1 when empty)."""
@@ -215,6 +234,7 @@ class KVCache:
     def clear(self) -> None:
         lc.llama_memory_clear(self.mem, True)
         self.cached.clear()
+        self._after_cut = (0, None)
 
     def drop_span(self, start: int, end: int) -> None:
         """Remove cached tokens [start, end) and slide the later ones back, without re-processing.

@@ -311,8 +311,12 @@ class Engine:
             return self._kv.align_to(target)
 
     def top_tokens(self, k: int = 5) -> list[tuple[int, float]]:
-        """The k most likely next tokens after the last evaluated one, with their logits."""
-        logits = lc.llama_get_logits_ith(self._ctx, -1)
+        """The k most likely next tokens after the last evaluated one, with their logits
+        (none when its logits were not computed)."""
+        row = self._kv.last_row()
+        if row is None:
+            return []
+        logits = lc.llama_get_logits_ith(self._ctx, row)
         if not logits:
             return []
         import heapq
