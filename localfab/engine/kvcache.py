@@ -72,29 +72,36 @@ class KVCache:
         for off in range(0, len(tokens), n_batch):
             chunk = tokens[off : off + n_batch]
             n = len(chunk)
-            token, pos, n_seq, seq_id, logits = (
-                batch.token,
-                batch.pos,
-                batch.n_seq_id,
-                batch.seq_id,
-                batch.logits,
-            )
             p0 = start + off
-            for i, tok in enumerate(chunk):
-                token[i] = tok
-                pos[i] = p0 + i
-                n_seq[i] = 1
-                seq_id[i][0] = 0
-                logits[i] = 0
+            self._fill(chunk, p0, all_logits=False)
             if logits_last and off + n >= len(tokens):
-                logits[n - 1] = 1
-            batch.n_tokens = n
+                batch.logits[n - 1] = 1
             rc = lc.llama_decode(self.ctx, batch)
             if rc != 0:
                 self._decode_failed(rc, start + len(tokens))
             del self.cached[p0:]
             self.cached.extend(chunk)
         self._after_cut = None if logits_last else (len(self.cached), None)
+
+    def _fill(self, tokens: Sequence[int], start: int, *, all_logits: bool) -> None:
+        """Put `tokens` in the batch at positions start.. of sequence 0 (logits for all, or
+        for none: the caller marks the one it wants)."""
+        batch = self._batch
+        token, pos, n_seq, seq_id, logits = (
+            batch.token,
+            batch.pos,
+            batch.n_seq_id,
+            batch.seq_id,
+            batch.logits,
+        )
+        want = 1 if all_logits else 0
+        for i, tok in enumerate(tokens):
+            token[i] = tok
+            pos[i] = start + i
+            n_seq[i] = 1
+            seq_id[i][0] = 0
+            logits[i] = want
+        batch.n_tokens = len(tokens)
 
     def _decode_failed(self, rc: int, n_tokens: int) -> NoReturn:
         # Keep our view equal to what the cache really holds, then report.
@@ -141,22 +148,8 @@ class KVCache:
         n = len(tokens)
         if not 0 < n <= self.n_batch:
             raise ValueError(f"{n} tokens do not fit one batch of {self.n_batch}")
-        batch = self._batch
-        token, pos, n_seq, seq_id, logits = (
-            batch.token,
-            batch.pos,
-            batch.n_seq_id,
-            batch.seq_id,
-            batch.logits,
-        )
-        for i, tok in enumerate(tokens):
-            token[i] = tok
-            pos[i] = start + i
-            n_seq[i] = 1
-            seq_id[i][0] = 0
-            logits[i] = 1
-        batch.n_tokens = n
-        rc = lc.llama_decode(self.ctx, batch)
+        self._fill(tokens, start, all_logits=True)
+        rc = lc.llama_decode(self.ctx, self._batch)
         if rc != 0:
             self._decode_failed(rc, start + n)
         del self.cached[start:]
