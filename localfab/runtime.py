@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,8 +135,37 @@ class ModelChoice:
         progress: Callable[[float], bool] | None = None,
         speculative: SpecSettings | None = None,
     ) -> LoadedModel:
-        """Load the planned model (`progress` and `speculative` as in `load_model`)."""
-        return load_model(self.path, self.settings, progress=progress, speculative=speculative)
+        """Load the planned model (`progress` and `speculative` as in `load_model`); a draft
+        model is placed beside it first (`place_draft`)."""
+        notices: list[str] = []
+        if speculative is not None and speculative.enabled:
+            speculative, notice = self.place_draft(speculative)
+            if notice:
+                notices.append(notice)
+        loaded = load_model(self.path, self.settings, progress=progress, speculative=speculative)
+        loaded.notices[:0] = notices
+        return loaded
+
+    def place_draft(self, spec: SpecSettings) -> tuple[SpecSettings | None, str | None]:
+        """`spec` with its draft model planned beside this model (GPU layers, unless -ngld
+        gave them), and what to tell the user; a draft that fits nowhere leaves speculation
+        off (None)."""
+        if spec.spec_type != "draft-simple" or not spec.model_draft:
+            return spec, None
+        if spec.n_gpu_layers_draft is not None:
+            return spec, None  # the user's -ngld stands
+        from localfab.facts import read_facts
+        from localfab.plan.draft import plan_draft
+
+        path = Path(spec.model_draft)
+        try:
+            facts = read_facts(path)
+        except (LocalfabError, OSError):
+            return spec, None  # loading it says what is wrong, and the model runs without it
+        placed = plan_draft(self.plan, facts, self.machine, name=path.name)
+        if not placed.fits:
+            return None, f"running without speculative decoding: {placed.describe()}"
+        return replace(spec, n_gpu_layers_draft=placed.n_gpu_layers), placed.describe()
 
 
 def choose_model(
