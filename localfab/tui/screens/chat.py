@@ -25,6 +25,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Button, Footer, Label, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 
@@ -612,7 +613,17 @@ class ChatScreen(SessionActions, VersionActions):
             return
         hit.add_class("search-hit")
         log.anchor(False)  # stay on the hit; sending a message follows the end again
-        self.call_after_refresh(hit.scroll_visible, animate=False, top=True)
+        self.call_after_refresh(self._show_hit, hit)
+
+    def _show_hit(self, view: Widget, tries: int = 100) -> None:
+        """Scroll `view` to the top of the chat once it has been laid out: the chat opens while
+        the search screen may still be on top, and a screen below is not laid out."""
+        if not view.is_attached:
+            return
+        if not view.virtual_region.height and tries > 0:
+            self.set_timer(0.02, lambda: self._show_hit(view, tries - 1))
+            return
+        view.scroll_visible(animate=False, top=True)
 
     async def _drop_welcome(self) -> None:
         for welcome in self.query("#welcome"):
