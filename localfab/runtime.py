@@ -270,23 +270,6 @@ def start_speculation(engine: Engine, spec: SpecSettings) -> str:
     return f"speculative decoding with {what}, up to {min(n, spec.draft_max)} tokens per step"
 
 
-def settings_for_speculation(
-    settings: EngineSettings, speculative: SpecSettings | None
-) -> EngineSettings:
-    """The engine settings for a model that speculates as `speculative` says.
-
-    Exact speculation keeps verify batches no longer than those whose logits equal
-    one-token decodes bit for bit (`spec.exact_batch`). llama.cpp's repacked CPU weights switch
-    to other kernels from 4 tokens on, which held checks to 3 tokens (2 drafted) here; the
-    weights as stored keep them exact to 7. Measured on this machine's test model: rewriting
-    1.34x faster with repacking, 1.53x without; a plain token 3 % slower and prompt
-    processing 6 % faster without. So a model that speculates exactly loads without repacking.
-    """
-    if speculative is None or not speculative.enabled or not speculative.exact:
-        return settings
-    return replace(settings, repack=False)
-
-
 def load_model(
     path: Path,
     settings: EngineSettings,
@@ -302,7 +285,6 @@ def load_model(
     from localfab.chat.prompt import PromptBuilder
     from localfab.engine import Engine
 
-    settings = settings_for_speculation(settings, speculative)
     engine = Engine(path, settings, progress=progress)
     prompts = PromptBuilder(engine)
     notices = [prompts.notice] if prompts.notice else []

@@ -195,22 +195,18 @@ def median(results: list[Result]) -> Result:
 def local_contenders(model: str, threads: int) -> dict[str, Any]:
     from localfab.engine import Engine, EngineSettings
     from localfab.engine.types import SpecSettings
-    from localfab.runtime import settings_for_speculation
 
     settings = EngineSettings(n_ctx=4096, n_threads=threads)
     plain = Engine(model, settings)
-    exact = SpecSettings(spec_type="ngram-simple")
-    # As `run` and the app load a model that speculates (exactly: without repacked weights).
-    ngram = Engine(model, settings_for_speculation(settings, exact))
-    ngram.set_speculation(exact)
+    ngram = Engine(model, settings)
+    ngram.set_speculation(SpecSettings(spec_type="ngram-simple"))
     loose = Engine(model, settings)
     loose.set_speculation(SpecSettings(spec_type="ngram-simple", exact=False, draft_max=48))
-    # Not adaptive: a draft as large as the model never pays, and the mechanics are the point.
-    with_draft = SpecSettings(
-        spec_type="draft-simple", model_draft=model, draft_p_min=0.0, adaptive=False
+    drafted = Engine(model, settings)
+    drafted.set_speculation(
+        SpecSettings(spec_type="draft-simple", model_draft=model, draft_p_min=0.0),
+        drafted.load_draft(model),
     )
-    drafted = Engine(model, settings_for_speculation(settings, with_draft))
-    drafted.set_speculation(with_draft, drafted.load_draft(model))
     return {
         "localfab": plain,
         "localfab ngram-simple": ngram,

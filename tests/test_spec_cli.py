@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from localfab.config import Config, default_paths
-from localfab.engine.types import EngineSettings, SpecSettings
 from localfab.errors import UsageError
-from localfab.runtime import settings_for_speculation, speculation_from
+from localfab.runtime import speculation_from
 from tests.conftest import LOCALFAB
 
 PROMPT = (
@@ -43,18 +42,6 @@ def write_config(env: dict[str, str], text: str) -> None:
 
 
 # --- settings, without the model ---------------------------------------------------------------
-
-
-def test_a_model_that_speculates_exactly_loads_its_weights_unrepacked() -> None:
-    # Repacked CPU weights hold exact verify batches to 3 tokens here, unrepacked ones to 7.
-    settings = EngineSettings(n_ctx=2048)
-    assert settings.repack
-    exact = SpecSettings(spec_type="ngram-simple")
-    assert not settings_for_speculation(settings, exact).repack
-    loose = SpecSettings(spec_type="ngram-simple", exact=False)
-    assert settings_for_speculation(settings, loose) == settings
-    assert settings_for_speculation(settings, None) == settings
-    assert settings_for_speculation(settings, SpecSettings()) == settings  # speculation off
 
 
 def test_flags_win_over_the_config_table() -> None:
