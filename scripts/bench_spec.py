@@ -202,11 +202,12 @@ def local_contenders(model: str, threads: int) -> dict[str, Any]:
     ngram.set_speculation(SpecSettings(spec_type="ngram-simple"))
     loose = Engine(model, settings)
     loose.set_speculation(SpecSettings(spec_type="ngram-simple", exact=False, draft_max=48))
-    drafted = Engine(model, settings)
-    drafted.set_speculation(
-        SpecSettings(spec_type="draft-simple", model_draft=model, draft_p_min=0.0),
-        drafted.load_draft(model),
+    # Not adaptive: a draft as large as the model never pays, and the mechanics are the point.
+    with_draft = SpecSettings(
+        spec_type="draft-simple", model_draft=model, draft_p_min=0.0, adaptive=False
     )
+    drafted = Engine(model, settings)
+    drafted.set_speculation(with_draft, drafted.load_draft(model))
     return {
         "localfab": plain,
         "localfab ngram-simple": ngram,
