@@ -44,6 +44,9 @@ def warm_up_highlighter() -> None:
 
 
 FREEZE_AFTER = 8  # top-level blocks the open segment holds before its finished ones freeze
+# Parked segments next to each other merge up to this much text: a long reply's far past is a
+# few widgets, and bringing one back into view re-renders a bounded amount.
+PARK_MERGE_CHARS = 12_000
 
 
 class ParkedSegment(Widget):
@@ -67,6 +70,11 @@ class ParkedSegment(Widget):
         self.styles.width = "1fr"
         self.styles.height = height
         self._asked = False
+
+    @property
+    def shown(self) -> bool:
+        """Whether it was painted (and asked to be turned back into Markdown)."""
+        return self._asked
 
     def render_lines(self, crop: Region) -> list[Strip]:
         if not self._asked:
@@ -247,6 +255,9 @@ class MessageView(Vertical):
             near = Region(clip.x, clip.y - clip.height, clip.width, clip.height * 3)
             if not region or near.overlaps(region):
                 continue
+            if self._park_into_previous(segment, region):
+                await segment.remove()
+                continue
             parked = ParkedSegment(
                 segment.source,
                 region.height,
@@ -255,6 +266,28 @@ class MessageView(Vertical):
             with self.app.batch_update():
                 await body.mount(parked, before=segment)
                 await segment.remove()
+
+    def _park_into_previous(self, segment: Markdown, region: Region) -> bool:
+        """Add `segment` to the parked segment right above it, if there is one with room: one
+        widget for the far past of a long reply, not one per segment (each costs a place in
+        every layout pass)."""
+        body = segment.parent
+        if body is None:
+            return False
+        siblings = list(body.children)
+        index = siblings.index(segment)
+        above = siblings[index - 1] if index else None
+        if not isinstance(above, ParkedSegment) or above.shown:
+            return False
+        if len(above.source) + len(segment.source) > PARK_MERGE_CHARS:
+            return False
+        try:
+            top = self.screen.find_widget(above).region.y
+        except NoWidget:
+            return False
+        above.source += segment.source
+        above.styles.height = region.bottom - top  # the gap between them included
+        return True
 
     async def _unpark(self, parked: ParkedSegment) -> None:
         body = self.query_one(".body", Vertical)
