@@ -274,6 +274,22 @@ async def test_full_collections_are_kept_short_while_a_model_loads(history):
         assert gc.get_freeze_count() == 0
 
 
+async def test_the_prompt_cursor_holds_still_while_a_reply_streams(history):
+    # Each blink is a repaint; on shared cores the UI's CPU comes out of decoding.
+    engine = FakeEngine(hold_after=8)
+    app, _ = build_app(history, engine=engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        box = chat.query_one(PromptBox)
+        assert box.cursor_blink
+        await send(pilot, app, "hi")
+        await wait_for(pilot, lambda: chat.streaming and len(replies(app)[-1].text) > 0)
+        assert not box.cursor_blink
+        engine.release.set()
+        await finished(pilot, app)
+        assert box.cursor_blink
+
+
 async def test_quitting_during_a_reply_saves_it_marked_interrupted(history):
     app, engine = build_app(history, engine=FakeEngine(hold_after=8))
     async with app.run_test(size=(100, 30)) as pilot:

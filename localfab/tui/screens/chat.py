@@ -160,6 +160,7 @@ class ChatScreen(SessionActions, VersionActions):
         self._search_notice_shown = False
         self.pacer = FramePacer(min_interval=FRAME_SECONDS)
         self._prompt_box: PromptBox | None = None  # found once: the frame tick reads it
+        self._blink = True  # the prompt's cursor blink, held steady while a reply streams
         self._gc = StreamingGC()
 
     # --- layout --------------------------------------------------------------------------------
@@ -329,6 +330,10 @@ class ChatScreen(SessionActions, VersionActions):
         assert self._timer is not None
         self.pacer.start()
         self._gc.begin()
+        if self._prompt_box is not None:
+            # A steady cursor while the reply streams: each blink is a repaint, and on shared
+            # cores every bit of the UI's CPU comes out of decoding.
+            self._blink, self._prompt_box.cursor_blink = self._prompt_box.cursor_blink, False
         self._timer.resume()
         self._generate(job, self._cancel)
 
@@ -415,6 +420,8 @@ class ChatScreen(SessionActions, VersionActions):
             self.streaming = False
             if self._timer is not None:
                 self._timer.pause()
+            if self._prompt_box is not None:
+                self._prompt_box.cursor_blink = self._blink
             self._show_context()
             self.refresh_sessions()
             self.call_after_refresh(self._gc.end)  # after the reply's last frame is painted
