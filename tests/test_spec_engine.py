@@ -141,6 +141,18 @@ def both(
     return plain, fast
 
 
+Shifted = tuple[Done, list[int], int]  # a reply, the cache after it, how many shifts it made
+
+
+def same_after_shifts(plain: Shifted, fast: Shifted) -> None:
+    """A reply that shifted the window: the speculative run shifted as often, ended with the same
+    text and cache, and drafted tokens that were kept."""
+    assert plain[2] >= 1 and fast[2] == plain[2]
+    same(plain[0], fast[0])
+    assert fast[1] == plain[1]
+    assert fast[0].timings.draft_n_accepted > 0
+
+
 def same(a: Done, b: Done) -> None:
     assert b.tokens == a.tokens
     assert (b.text, b.stop_type, b.finish_reason, b.stopping_word) == (
@@ -379,10 +391,7 @@ def test_a_context_shift_during_a_reply_gives_the_same_text(small: Any) -> None:
 
     plain, plain_cache, plain_shifts = run(None)
     fast, fast_cache, fast_shifts = run(NGRAM)
-    assert plain_shifts >= 1 and fast_shifts == plain_shifts
-    same(plain, fast)
-    assert fast_cache == plain_cache
-    assert fast.timings.draft_n_accepted > 0
+    same_after_shifts((plain, plain_cache, plain_shifts), (fast, fast_cache, fast_shifts))
 
 
 # --- the test model as its own draft -----------------------------------------------------------
@@ -606,7 +615,4 @@ def test_the_draft_model_follows_a_context_shift(model_path: Path) -> None:
 
         plain, plain_cache, plain_shifts = run(False)
         fast, fast_cache, fast_shifts = run(True)
-    assert plain_shifts >= 1 and fast_shifts == plain_shifts
-    same(plain, fast)
-    assert fast_cache == plain_cache
-    assert fast.timings.draft_n_accepted > 0
+    same_after_shifts((plain, plain_cache, plain_shifts), (fast, fast_cache, fast_shifts))

@@ -43,16 +43,14 @@ class StatusBar(Horizontal):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._usage = (0, 0)
-        self._shown: dict[str, str] = {}
 
     def _put(self, label_id: str, text: str) -> Label:
         """Show `text` in a label; a text as wide as the last is repainted without a layout
         pass (which lays out the whole screen: twice per frame of a reply, for the live speed)."""
         label = self.query_one(f"#{label_id}", Label)
-        old = self._shown.get(label_id)
+        old = label.content
         if old != text:
-            self._shown[label_id] = text
-            label.update(text, layout=old is None or cell_len(old) != cell_len(text))
+            label.update(text, layout=not isinstance(old, str) or cell_len(old) != cell_len(text))
         return label
 
     def compose(self) -> ComposeResult:
