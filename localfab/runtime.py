@@ -134,15 +134,19 @@ class ModelChoice:
         *,
         progress: Callable[[float], bool] | None = None,
         speculative: SpecSettings | None = None,
+        parallel: int = 1,
+        kv_unified: bool = False,
     ) -> LoadedModel:
         """Load the planned model (`progress` and `speculative` as in `load_model`); a draft
-        model is placed beside it first (`place_draft`)."""
+        model is placed beside it first (`place_draft`). `parallel` sequences share the
+        context (the server's slots), each with its share of it unless `kv_unified`."""
         notices: list[str] = []
         if speculative is not None and speculative.enabled:
             speculative, notice = self.place_draft(speculative)
             if notice:
                 notices.append(notice)
-        loaded = load_model(self.path, self.settings, progress=progress, speculative=speculative)
+        settings = replace(self.settings, n_seq_max=parallel, kv_unified=kv_unified)
+        loaded = load_model(self.path, settings, progress=progress, speculative=speculative)
         loaded.notices[:0] = notices
         return loaded
 
@@ -290,9 +294,9 @@ def load_model(
     notices = [prompts.notice] if prompts.notice else []
     if speculative is not None and speculative.enabled:
         notices.append(start_speculation(engine, speculative))
-    if engine.n_ctx != settings.n_ctx:
+    if engine.n_ctx_total != settings.n_ctx:
         notices.append(
-            f"context {settings.n_ctx} became {engine.n_ctx} tokens "
+            f"context {settings.n_ctx} became {engine.n_ctx_total} tokens "
             "(llama.cpp allocates the KV cache in steps of 256)"
         )
     if settings.n_ctx > engine.n_ctx_train > 0:

@@ -6,8 +6,16 @@ and reports medians. TTFT is the wall time from sending the request to the first
 decode tok/s is (tokens - 1) / (time of last token - time of first token), measured by the client
 so every server is judged the same way. `ignore_eos` makes every reply the same length.
 
+With `--clients 1,2,4,8` it measures parallel slots instead: for each client count C, rounds of
+C streams sent at once to each server in turn (start both servers with the same -np and -c),
+reporting the aggregate tok/s (all tokens over the round's wall time), the median and p99 TTFT,
+and the ratios against the last server. `--long-prompt 2000` adds the chunked-prefill check: three
+streams run, a prompt of that many tokens arrives, and the longest gap between two tokens of the
+running streams in the seconds around it is reported (the anchor's beside it).
+
 Usage: python scripts/bench_server.py --url localfab=http://127.0.0.1:8080 \
            --url llama-server=http://127.0.0.1:8081 [--runs 8] [--tokens 64] [--prompt-words 200]
+           [--clients 1,2,4,8] [--long-prompt 2000]
 """
 
 from __future__ import annotations
@@ -15,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -40,6 +50,176 @@ def prompt_for(run: int, n_words: int) -> str:
     tag = uuid.uuid4().hex
     body = " ".join(WORDS[(run * 7 + i) % len(WORDS)] for i in range(n_words))
     return f"[{tag}] {body}\nContinue the story:"
+
+
+@dataclass
+class Stream:
+    """One streamed reply of a concurrent round: when it was sent and when each token came."""
+
+    t_sent: float = 0.0
+    stamps: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def stream_into(url: str, prompt: str, n_tokens: int, out: Stream) -> None:
+    """Stream one /v1/completions reply, stamping every token into `out` (a thread's body)."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": n_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "cache_prompt": False,
+    }
+    try:
+        with httpx.Client(timeout=600) as client:
+            out.t_sent = time.perf_counter()
+            with client.stream("POST", url + "/v1/completions", json=body) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    choices = json.loads(line[6:]).get("choices") or []
+                    if choices and choices[0].get("finish_reason") is None:
+                        out.stamps.append(time.perf_counter())
+    except (httpx.HTTPError, ValueError) as exc:
+        out.error = str(exc)
+
+
+def concurrent_round(url: str, run: int, clients: int, n_tokens: int, words: int) -> dict[str, Any]:
+    """`clients` streams sent at once: aggregate tok/s over the round and each one's TTFT."""
+    streams = [Stream() for _ in range(clients)]
+    threads = [
+        threading.Thread(
+            target=stream_into, args=(url, prompt_for(run * 31 + i, words), n_tokens, st)
+        )
+        for i, st in enumerate(streams)
+    ]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = [st.error for st in streams if st.error or not st.stamps]
+    if bad:
+        raise RuntimeError(f"{url}: {bad[0] or 'a stream got no tokens'}")
+    t_end = max(st.stamps[-1] for st in streams)
+    tokens = sum(len(st.stamps) for st in streams)
+    return {
+        "tok_s": tokens / (t_end - t0),
+        "ttft_ms": [(st.stamps[0] - st.t_sent) * 1e3 for st in streams],
+    }
+
+
+def long_prompt_round(url: str, run: int, n_tokens: int, long_words: int) -> float:
+    """Three streams run; once each has its first token, a long prompt arrives. The longest
+    gap (ms) between two tokens of the running streams from then until the long prompt's
+    first token (and a little after)."""
+    streams = [Stream() for _ in range(3)]
+    threads = [
+        threading.Thread(target=stream_into, args=(url, prompt_for(run * 17 + i, 40), n_tokens, st))
+        for i, st in enumerate(streams)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.perf_counter() + 120
+    while any(not st.stamps for st in streams) and time.perf_counter() < deadline:
+        time.sleep(0.005)
+    long = Stream()
+    lt = threading.Thread(
+        target=stream_into, args=(url, prompt_for(run * 17 + 9, long_words), 8, long)
+    )
+    t_long = time.perf_counter()
+    lt.start()
+    lt.join()
+    for t in threads:
+        t.join()
+    if long.error or not long.stamps:
+        raise RuntimeError(f"{url}: the long prompt failed: {long.error}")
+    t_until = long.stamps[0] + 0.2
+    worst = 0.0
+    for st in streams:
+        times = [t for t in st.stamps if t_long <= t <= t_until]
+        before = [t for t in st.stamps if t < t_long]
+        if before:
+            times.insert(0, before[-1])
+        after = [t for t in st.stamps if t > t_until]
+        if after:
+            times.append(after[0])
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        worst = max([worst, *gaps])
+    return worst * 1e3
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+
+
+def concurrent(args: argparse.Namespace, servers: list[tuple[str, str]]) -> None:
+    """The parallel-slots comparison (`--clients`, `--long-prompt`)."""
+    counts = [int(c) for c in args.clients.split(",")] if args.clients else []
+    results: dict[str, Any] = {name: {} for name, _ in servers}
+    for clients in counts:
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in servers}
+        for run in range(args.warmup + args.runs):
+            order = servers[run % len(servers) :] + servers[: run % len(servers)]
+            for name, url in order:
+                res = concurrent_round(url, run, clients, args.tokens, args.prompt_words)
+                if run >= args.warmup:
+                    rounds[name].append(res)
+        for name, rs in rounds.items():
+            ttfts = [t for r in rs for t in r["ttft_ms"]]
+            results[name][clients] = {
+                "tok_s": statistics.median(r["tok_s"] for r in rs),
+                "ttft_median_ms": statistics.median(ttfts),
+                "ttft_p99_ms": p99(ttfts),
+            }
+    if args.long_prompt:
+        words = max(args.long_prompt * 3 // 4, 1)  # about that many tokens
+        gaps: dict[str, list[float]] = {name: [] for name, _ in servers}
+        for run in range(args.warmup + args.runs):
+            order = servers[run % len(servers) :] + servers[: run % len(servers)]
+            for name, url in order:
+                gap = long_prompt_round(url, run, max(args.tokens, 256), words)
+                if run >= args.warmup:
+                    gaps[name].append(gap)
+        for name, gs in gaps.items():
+            results[name]["long_prompt_gap_ms"] = statistics.median(gs)
+            results[name]["long_prompt_gap_max_ms"] = max(gs)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    base = servers[-1][0]
+    print(f"{'server':<14}{'clients':>8}{'agg tok/s':>11}{'TTFT med ms':>13}{'TTFT p99 ms':>13}")
+    for clients in counts:
+        for name, _ in servers:
+            r = results[name][clients]
+            print(
+                f"{name:<14}{clients:>8}{r['tok_s']:>11.1f}"
+                f"{r['ttft_median_ms']:>13.1f}{r['ttft_p99_ms']:>13.1f}"
+            )
+        for name, _ in servers:
+            if name == base:
+                continue
+            r, b = results[name][clients], results[base][clients]
+            print(
+                f"  {name} vs {base} at {clients}: tok/s x{r['tok_s'] / b['tok_s']:.2f}, "
+                f"TTFT median x{r['ttft_median_ms'] / b['ttft_median_ms']:.2f}, "
+                f"p99 x{r['ttft_p99_ms'] / b['ttft_p99_ms']:.2f}"
+            )
+    if args.long_prompt:
+        for name, _ in servers:
+            r = results[name]
+            print(
+                f"{name}: longest gap of 3 running streams while a {args.long_prompt}-token "
+                f"prompt arrives: median {r['long_prompt_gap_ms']:.0f} ms, "
+                f"max {r['long_prompt_gap_max_ms']:.0f} ms"
+            )
+        for name, _ in servers:
+            if name != base:
+                ratio = results[name]["long_prompt_gap_ms"] / results[base]["long_prompt_gap_ms"]
+                print(f"  {name} vs {base}: gap x{ratio:.2f}")
 
 
 def measure(client: httpx.Client, url: str, prompt: str, n_tokens: int) -> Sample:
@@ -79,6 +259,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-words", type=int, default=200, help="prompt length in words")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs per server")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--clients", help="parallel slots: comma-separated client counts, e.g. 1,2,4,8"
+    )
+    parser.add_argument(
+        "--long-prompt", type=int, default=0, help="tokens of the prompt for the gap check"
+    )
     args = parser.parse_args(argv)
     if args.runs < 6:
         parser.error("--runs must be at least 6 for a meaningful median")
@@ -88,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
         if not sep:
             name, url = url or name, name
         servers.append((name, url.rstrip("/")))
+    if args.clients or args.long_prompt:
+        concurrent(args, servers)
+        return
 
     samples: dict[str, list[Sample]] = {name: [] for name, _ in servers}
     with httpx.Client(timeout=600) as client:

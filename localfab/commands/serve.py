@@ -90,7 +90,20 @@ def is_loopback(host: str) -> bool:
     default=None,
     help="Default repetition penalty (else config.toml's: 1.0).",
 )
-@click.option("-np", "--parallel", type=int, default=1, help="Slots (extra requests queue).")
+@click.option(
+    "-np",
+    "--parallel",
+    type=int,
+    default=1,
+    help="Slots: requests decoded together, each with -c / N of the context (more queue).",
+)
+@click.option(
+    "-kvu",
+    "--kv-unified",
+    "kv_unified",
+    is_flag=True,
+    help="All slots share one KV pool of -c tokens instead of -c / N each.",
+)
 @click.option("-to", "--timeout", type=float, default=600.0, help="Request read timeout, s.")
 @click.option(
     "--header-timeout",
@@ -262,12 +275,27 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
 
     path = choice.path
 
+    speculative = options["speculative"]
+    if settings.n_parallel > 1 and speculative is not None and speculative.enabled:
+        click.echo(
+            "localfab: note: speculative decoding runs with one slot; with -np "
+            f"{settings.n_parallel} the slots decode together without it",
+            err=True,
+        )
+        speculative = None
+
     def loader() -> Any:
-        loaded = choice.open(speculative=options["speculative"])
+        loaded = choice.open(
+            speculative=speculative,
+            parallel=settings.n_parallel,
+            kv_unified=options["kv_unified"],
+        )
         for notice in loaded.notices:
             click.echo(f"localfab: note: {notice}", err=True)
+        engine = loaded.engine
+        slots = f", {engine.n_seq_max} slots of {engine.n_ctx}" if engine.n_seq_max > 1 else ""
         click.echo(
-            f"localfab: model loaded: {path.name}, context {loaded.engine.n_ctx} tokens",
+            f"localfab: model loaded: {path.name}, context {engine.n_ctx_total} tokens{slots}",
             err=True,
         )
         return loaded

@@ -1,5 +1,8 @@
 """KV-cache bookkeeping for one sequence: which tokens are cached, prefix reuse, shift, rebase.
 
+A context may hold several sequences (the server's parallel slots): each has its own `KVCache`
+on its own sequence id, and never touches the others' cells.
+
 `KVCache.cached` mirrors llama.cpp's cache: the tokens whose KV cells sit at positions
 0..len-1, in order. Every decode, removal and shift goes through this class so the mirror never
 drifts from what llama.cpp holds; after a failed decode it is cut back to what the cache really
@@ -24,19 +27,34 @@ _SHIFT_KEY = 4
 
 
 class KVCache:
-    """Sequence 0 of a llama.cpp context, with the batches that feed it and its logits."""
+    """One sequence of a llama.cpp context, with the batches that feed it and its logits.
 
-    def __init__(self, ctx: Any, n_ctx: int, n_batch: int, n_vocab: int) -> None:
+    `n_ctx` is what this sequence may hold; `shared`: other sequences live in the same context,
+    so clearing removes only this one's cells.
+    """
+
+    def __init__(
+        self,
+        ctx: Any,
+        n_ctx: int,
+        n_batch: int,
+        n_vocab: int,
+        *,
+        seq: int = 0,
+        shared: bool = False,
+    ) -> None:
         self.ctx = ctx
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.n_vocab = n_vocab
+        self.seq = seq
+        self.shared = shared
         self.mem = lc.llama_get_memory(ctx)
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         self._one = lc.llama_batch_init(1, 0, 1)  # the generation step's batch, pre-filled
         self._one.n_tokens = 1
         self._one.n_seq_id[0] = 1
-        self._one.seq_id[0][0] = 0
+        self._one.seq_id[0][0] = seq
         self._one.logits[0] = 1
         self._logits_address: int | None = None
         self._logits_view: np.ndarray[Any, np.dtype[np.float32]] = np.zeros(0, dtype=np.float32)
@@ -84,7 +102,7 @@ class KVCache:
         self._after_cut = None if logits_last else (len(self.cached), None)
 
     def _fill(self, tokens: Sequence[int], start: int, *, all_logits: bool) -> None:
-        """Put `tokens` in the batch at positions start.. of sequence 0 (logits for all, or
+        """Put `tokens` in the batch at positions start.. of this sequence (logits for all, or
         for none: the caller marks the one it wants)."""
         batch = self._batch
         token, pos, n_seq, seq_id, logits = (
@@ -95,11 +113,12 @@ class KVCache:
             batch.logits,
         )
         want = 1 if all_logits else 0
+        seq = self.seq
         for i, tok in enumerate(tokens):
             token[i] = tok
             pos[i] = start + i
             n_seq[i] = 1
-            seq_id[i][0] = 0
+            seq_id[i][0] = seq
             logits[i] = want
         batch.n_tokens = len(tokens)
 
@@ -167,7 +186,7 @@ class KVCache:
         """
         if n >= len(self.cached):
             return
-        if lc.llama_memory_seq_rm(self.mem, 0, n, -1):
+        if lc.llama_memory_seq_rm(self.mem, self.seq, n, -1):
             del self.cached[n:]
             start, count = self._rows
             self._after_cut = (n, n - 1 - start if start <= n - 1 < start + count else None)
@@ -188,10 +207,10 @@ class KVCache:
 
     def pos_max(self) -> int:
         """The highest position llama.cpp holds for the sequence (-1 when empty)."""
-        return int(lc.llama_memory_seq_pos_max(self.mem, 0))
+        return int(lc.llama_memory_seq_pos_max(self.mem, self.seq))
 
     def sync_after_failure(self) -> None:
-        pos_max = lc.llama_memory_seq_pos_max(self.mem, 0)
+        pos_max = lc.llama_memory_seq_pos_max(self.mem, self.seq)
         del self.cached[pos_max + 1 :]
 
     # --- reuse, shift, rebase ----------------------------------------------------------------
@@ -216,18 +235,32 @@ class KVCache:
         if need_logits and lcp == len(tokens) and lcp > 0:
             lcp -= 1
         if lcp < len(cached):
-            if not lc.llama_memory_seq_rm(self.mem, 0, lcp, -1):
+            if not lc.llama_memory_seq_rm(self.mem, self.seq, lcp, -1):
                 # Some caches (sliding window without swa_full, recurrent) cannot drop a
                 # partial range: start over.
-                lc.llama_memory_clear(self.mem, True)
+                self._wipe()
                 lcp = 0
             del self.cached[lcp:]
         return lcp
 
     def clear(self) -> None:
-        lc.llama_memory_clear(self.mem, True)
+        self._wipe()
         self.cached.clear()
         self._after_cut = (0, None)
+
+    def _wipe(self) -> None:
+        """Remove every cell of this sequence (of the whole cache when it is the only one)."""
+        if self.shared:
+            lc.llama_memory_seq_rm(self.mem, self.seq, -1, -1)
+        else:
+            lc.llama_memory_clear(self.mem, True)
+
+    def copy_from(self, other: KVCache) -> None:
+        """Make this sequence hold what `other` holds (its cells copied, nothing evaluated)."""
+        lc.llama_memory_seq_rm(self.mem, self.seq, -1, -1)
+        lc.llama_memory_seq_cp(self.mem, other.seq, self.seq, -1, -1)
+        self.cached[:] = other.cached
+        self._after_cut = (len(self.cached), None)
 
     def drop_span(self, start: int, end: int) -> None:
         """Remove cached tokens [start, end) and slide the later ones back, without re-processing.
@@ -244,9 +277,9 @@ class KVCache:
         if not self.can_shift:
             raise LocalfabError("this model's KV cache cannot be shifted")
         n_past = len(self.cached)
-        if not lc.llama_memory_seq_rm(self.mem, 0, start, end):
+        if not lc.llama_memory_seq_rm(self.mem, self.seq, start, end):
             raise LocalfabError("llama.cpp could not remove KV cells for the shift")
-        lc.llama_memory_seq_add(self.mem, 0, end, n_past, -(end - start))
+        lc.llama_memory_seq_add(self.mem, self.seq, end, n_past, -(end - start))
         del self.cached[start:end]
 
     def _best_span_end(self, a: int, rest: Sequence[int]) -> tuple[int, int]:

@@ -98,9 +98,15 @@ class Engine:
             raise
         self.buffers = native.parse_buffer_sizes(native.log_since(mark))
         self._pools = native.attach_threadpools(self._ctx, self.n_threads, self.n_threads_batch)
-        self.n_ctx: int = lc.llama_n_ctx(self._ctx)
+        # What one sequence may hold (all of it unless parallel slots split the context), and
+        # the context's whole size.
+        self.n_ctx: int = lc.llama_n_ctx_seq(self._ctx)
+        self.n_ctx_total: int = lc.llama_n_ctx(self._ctx)
+        self.n_seq_max: int = lc.llama_n_seq_max(self._ctx)
         self.n_batch: int = lc.llama_n_batch(self._ctx)
-        self._kv = KVCache(self._ctx, self.n_ctx, self.n_batch, self.n_vocab)
+        self._kv = KVCache(
+            self._ctx, self.n_ctx, self.n_batch, self.n_vocab, shared=self.n_seq_max > 1
+        )
         # A reused piece buffer for the thread that generates; other threads get their own.
         self._piece_buf = ctypes.create_string_buffer(256)
         self._owner = threading.get_ident()

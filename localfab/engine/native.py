@@ -253,6 +253,10 @@ def load_error(path: Path, lines: Sequence[str], what: str) -> str:
     return f"{path}: llama.cpp could not {what} ({detail})"
 
 
+# llama.cpp's LLAMA_MAX_SEQ: the most sequences one context holds.
+MAX_SEQUENCES = 256
+
+
 def check_settings(s: EngineSettings) -> None:
     """UsageError for settings llama.cpp would reject or crash on."""
     for name, value in (("type_k", s.type_k), ("type_v", s.type_v)):
@@ -264,6 +268,13 @@ def check_settings(s: EngineSettings) -> None:
         raise UsageError(f"flash attention must be auto, on or off, not {s.flash_attn!r}")
     if s.n_ctx < 16:
         raise UsageError(f"context size {s.n_ctx} is too small; use at least 16 tokens")
+    if not 1 <= s.n_seq_max <= MAX_SEQUENCES:
+        raise UsageError(f"parallel slots must be 1 to {MAX_SEQUENCES}, not {s.n_seq_max}")
+    if not s.kv_unified and s.n_ctx // s.n_seq_max < 16:
+        raise UsageError(
+            f"a context of {s.n_ctx} split over {s.n_seq_max} slots leaves under 16 tokens each; "
+            "raise -c, lower -np or share one pool with --kv-unified"
+        )
 
 
 class _LoadProgress:
@@ -330,12 +341,14 @@ def load_model(
 def new_context(
     model: Any, path: Path, s: EngineSettings, mark: int, n_threads: int, n_threads_batch: int
 ) -> Any:
-    """A context for `model` (one sequence); LocalfabError when llama.cpp cannot make it."""
+    """A context for `model` (`s.n_seq_max` sequences); LocalfabError when llama.cpp cannot make
+    it."""
     cparams = lc.llama_context_default_params()
     cparams.n_ctx = s.n_ctx
     cparams.n_batch = s.n_batch
     cparams.n_ubatch = min(s.n_ubatch, s.n_batch)
-    cparams.n_seq_max = 1
+    cparams.n_seq_max = max(1, s.n_seq_max)
+    cparams.kv_unified = s.kv_unified
     cparams.n_threads = n_threads
     cparams.n_threads_batch = n_threads_batch
     cparams.flash_attn_type = FLASH_ATTN[s.flash_attn]

@@ -45,6 +45,10 @@ class EngineSettings:
     # off: a batch of 4 or more tokens then uses other kernels than one token, whose last bits
     # differ, and a verified draft must see the logits plain decoding would.
     repack: bool = True
+    # Sequences the context holds at once (the server's parallel slots, -np). Each gets
+    # n_ctx / n_seq_max cells, unless `kv_unified` makes them share one pool of n_ctx.
+    n_seq_max: int = 1
+    kv_unified: bool = False
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from localfab.server.model_info import ModelInfo, model_info
 from localfab.server.params import Generation
 from localfab.server.plumbing import not_found, read_json, wrap
 from localfab.server.settings import ServerSettings
-from localfab.server.worker import EngineWorker
+from localfab.server.worker import EngineWorker, SlotView
 
 if TYPE_CHECKING:
     from localfab.engine import Engine
@@ -81,12 +81,12 @@ class Server:
 
     @property
     def slot_n_ctx(self) -> int:
-        """The context each slot has: the whole window, as one sequence decodes at a time."""
+        """The context each slot has: -c split over the slots (unless --kv-unified)."""
         return self.model.engine.n_ctx
 
     @property
     def n_processing(self) -> int:
-        return 1 if self.worker.slot.processing else 0
+        return self.worker.n_processing
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         """The body as a JSON object, within the size and time limits (see `plumbing`)."""
@@ -124,17 +124,15 @@ class Server:
                 )
 
     def slot_json(self, i: int) -> dict[str, Any]:
-        """/slots' entry for slot `i`: its last (or current) task, as llama-server shows it.
-
-        One sequence decodes at a time, on slot 0; the others stay idle."""
+        """/slots' entry for slot `i`: its current (or last) task, as llama-server shows it."""
+        slot = self.worker.slots[i] if i < len(self.worker.slots) else SlotView()
         data: dict[str, Any] = {
             "id": i,
             "n_ctx": self.slot_n_ctx,
             "speculative": False,
-            "is_processing": i == 0 and self.worker.slot.processing,
+            "is_processing": slot.processing,
         }
-        slot = self.worker.slot
-        if i != 0 or slot.id_task < 0:
+        if slot.id_task < 0:
             return data
         n_remain = -1 if slot.n_predict < 0 else max(slot.n_predict - slot.n_decoded, 0)
         data.update(
@@ -208,7 +206,9 @@ def create_app(
         close_model = callable(model) and not hasattr(model, "tokenize")
     settings = settings or ServerSettings()
     source = _as_source(model)
-    worker = EngineWorker(source, context_shift=settings.context_shift, ledger=ledger)
+    worker = EngineWorker(
+        source, context_shift=settings.context_shift, ledger=ledger, n_parallel=settings.n_parallel
+    )
     if not settings.model_name:
         path = getattr(source, "path", None)
         if path is not None:

@@ -122,6 +122,7 @@ async def respond(
     params = generation_settings(gen, only_metrics=True)
     results: list[_Result] = []
     for prompt in prompts:
+        job_group = server.worker.next_id()  # the `n` results of this prompt
         for j in range(gen.n_cmpl):
             window = prompt.window if j == 0 else _copy_window(prompt.window)
             channel = Channel(loop)
@@ -141,6 +142,7 @@ async def respond(
                 return_progress=gen.return_progress and gen.stream,
                 timings_per_token=gen.timings_per_token,
                 t_max_predict_ms=gen.t_max_predict_ms,
+                group=job_group if gen.n_cmpl > 1 else -1,
             )
             reply = shapes.Reply(
                 id=completion_id,

@@ -1,7 +1,9 @@
 """The one thread that owns the engine: loads the model, then runs queued jobs in order.
 
-The engine is not thread-safe and decodes one sequence at a time, so every generation (and every
-call that touches the engine's shared buffers) goes through this thread's FIFO queue. The asyncio
+The engine is not thread-safe, so every generation (and every call that touches the engine's
+shared buffers) goes through this thread's FIFO queue. With one slot the thread runs one job at a
+time on `Engine.stream` (speculative decoding included); with several (`-np`) it runs them
+together, one batch per step (`slots.SlotRunner`). The asyncio
 side submits a job with an `emit` callback and awaits what it emits: `Progress` while the prompt
 is processed (if asked), a `Step` per token, then `Done` (or an `ApiError`). A job's `cancel`
 Event stops its generation at the next token (a client that went away frees the engine at once).
@@ -84,6 +86,9 @@ class Job:
     timings_per_token: bool = False  # each Step carries the timings so far
     # > 0: stop once this many ms passed since the first token and a newline was generated.
     t_max_predict_ms: int = -1
+    # Jobs of one request with the same prompt (`n` > 1) share a group: with parallel slots the
+    # prompt is evaluated once and its KV cells copied. -1: none.
+    group: int = -1
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -107,22 +112,30 @@ class Metrics:
     bucket_predicted_steps: int = 0
     bucket_predicted_s: float = 0.0
 
-    def record(self, done: Done, n_batch: int) -> None:
+    def record(self, done: Done, n_batch: int, *, decodes: bool = True) -> None:
+        """Count a finished reply; `decodes`: also the llama_decode calls it took, when one
+        sequence decodes at a time (with parallel slots they are counted per step instead,
+        `record_step`)."""
         t = done.timings
         steps = max(t.predicted_n - 1, 0)
-        n_decode = -(-t.prompt_n // max(n_batch, 1)) + steps
         self.prompt_tokens_total += t.prompt_n
         self.prompt_tokens_cached_total += t.cache_n
         self.prompt_seconds_total += t.prompt_ms / 1e3
         self.tokens_predicted_total += t.predicted_n
         self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
-        self.n_decode_total += n_decode
-        self.n_busy_slots_total += n_decode  # one sequence decodes at a time
+        if decodes:
+            n_decode = -(-t.prompt_n // max(n_batch, 1)) + steps
+            self.record_step(n_decode, n_decode)  # one sequence decodes at a time
         self.n_tokens_max = max(self.n_tokens_max, done.prompt_tokens + t.predicted_n)
         self.bucket_prompt_n += t.prompt_n
         self.bucket_prompt_s += t.prompt_ms / 1e3
         self.bucket_predicted_steps += steps
         self.bucket_predicted_s += t.predicted_ms / 1e3
+
+    def record_step(self, n_decode: int, n_busy: int) -> None:
+        """`n_decode` llama_decode calls with `n_busy` busy slots summed over them."""
+        self.n_decode_total += n_decode
+        self.n_busy_slots_total += n_busy
 
     def reset_bucket(self) -> None:
         self.bucket_prompt_n = self.bucket_predicted_steps = 0
@@ -158,6 +171,7 @@ class EngineWorker:
         *,
         context_shift: bool = False,
         ledger: LedgerWriter | None = None,
+        n_parallel: int = 1,
     ) -> None:
         self._source = source
         self.context_shift = context_shift
@@ -170,7 +184,9 @@ class EngineWorker:
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.metrics = Metrics()
-        self.slot = SlotView()
+        # What /slots shows, one view per slot; with one slot, [0] is the job running (or last).
+        self.slots = [SlotView() for _ in range(max(n_parallel, 1))]
+        self.runner: Any = None  # the SlotRunner while parallel slots run
         self.on_ready: Callable[[], None] | None = None
         self._queue: queue.Queue[Any] = queue.Queue()
         self._ids = itertools.count()
@@ -202,8 +218,14 @@ class EngineWorker:
 
     @property
     def queued(self) -> int:
-        """Jobs waiting behind the one being decoded (llama-server's `requests_deferred`)."""
-        return self._queue.qsize()
+        """Jobs waiting for a slot (llama-server's `requests_deferred`)."""
+        runner = self.runner
+        return self._queue.qsize() + (len(runner.waiting) if runner is not None else 0)
+
+    @property
+    def n_processing(self) -> int:
+        """Slots running a job now."""
+        return sum(1 for s in self.slots if s.processing)
 
     # --- submitting --------------------------------------------------------------------------
 
@@ -237,17 +259,20 @@ class EngineWorker:
         self.ready.set()
         if self.on_ready is not None:
             self.on_ready()
+        n_seq = self.model.engine.n_seq_max
+        self.slots += [SlotView() for _ in range(n_seq - len(self.slots))]
+        if n_seq > 1:
+            from localfab.server.slots import SlotRunner
+
+            self.runner = SlotRunner(self)
+            self.runner.run()
+            return
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
             if isinstance(item, tuple):
-                fn, future = item
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn(self.model))
-                    except BaseException as exc:
-                        future.set_exception(exc)
+                self.run_call(item)
                 continue
             try:
                 self._run(item)
@@ -257,6 +282,32 @@ class EngineWorker:
             finally:
                 with self._lock:
                     self._pending.discard(item)
+
+    def take(self, block: bool) -> Any:
+        """The next queued item (a Job, a call, or the stop mark); None when empty and not
+        `block`."""
+        try:
+            return self._queue.get(block)
+        except queue.Empty:
+            return None
+
+    def run_call(self, item: tuple[Callable[[LoadedModel], Any], Any]) -> None:
+        fn, future = item
+        assert self.model is not None
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(self.model))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def finished(self, job: Job) -> None:
+        """A job is over (answered): it no longer needs cancelling on stop."""
+        with self._lock:
+            self._pending.discard(job)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
     def _run(self, job: Job) -> None:
         assert self.model is not None
@@ -272,7 +323,7 @@ class EngineWorker:
             params=job.params,
             prompt=job.tokens,
         )
-        self.slot = slot
+        self.slots[0] = slot
         if not job.cache_prompt:
             engine.clear_cache()
         try:
@@ -289,20 +340,26 @@ class EngineWorker:
         slot.n_prompt_tokens_cache = done.timings.cache_n
         self.metrics.record(done, engine.n_batch)
         job.emit(done)
-        if self.ledger is not None and self._recorded is not None:
-            clock, energy = self._recorded
-            record_generation(
-                self.ledger,
-                frontend="serve",
-                model=str(self.model.path),
-                plan=engine.settings,
-                timings=done.timings,
-                prompt_tokens=len(job.tokens),
-                generated_tokens=done.completion_tokens,
-                clock=clock,
-                energy=energy,
-                model_path=self.model.path,
-            )
+        if self._recorded is not None:
+            self.record(job, done, *self._recorded)
+
+    def record(self, job: Job, done: Done, clock: TokenClock | None, energy: Energy | None) -> None:
+        """The reply's row in the usage ledger (when one is kept)."""
+        if self.ledger is None:
+            return
+        assert self.model is not None
+        record_generation(
+            self.ledger,
+            frontend="serve",
+            model=str(self.model.path),
+            plan=self.model.engine.settings,
+            timings=done.timings,
+            prompt_tokens=len(job.tokens),
+            generated_tokens=done.completion_tokens,
+            clock=clock,
+            energy=energy,
+            model_path=self.model.path,
+        )
 
     def _generate(self, job: Job, slot: SlotView) -> Done | None:
         assert self.model is not None
@@ -327,7 +384,7 @@ class EngineWorker:
                 sampling=job.sampling,
                 stop=job.stop,
                 cancel=job.cancel,
-                on_context_full=self._shifter(job),
+                on_context_full=self.shifter(job),
                 n_probs=job.n_probs,
                 post_sampling_probs=job.post_sampling_probs,
             ):
@@ -366,7 +423,7 @@ class EngineWorker:
         timings = Timings(cache_n=reuse, prompt_n=len(job.tokens) - reuse, prompt_ms=ms)
         return Done("", "length", "limit", (), timings, len(job.tokens))
 
-    def _shifter(self, job: Job) -> Callable[[list[int]], list[int] | None] | None:
+    def shifter(self, job: Job) -> Callable[[list[int]], list[int] | None] | None:
         """How a reply that fills the window goes on; None: it stops there.
 
         Only with --context-shift (without it the reply stops there, as llama-server's does).
@@ -426,7 +483,7 @@ class _Run:
         self.timed_out = False
         self.parts: list[str] = []
 
-    def _progress(self, processed: int) -> None:
+    def progress(self, processed: int) -> None:
         ms = int((time.perf_counter() - self.t_start) * 1e3)
         self.job.emit(Progress(len(self.job.tokens), self.cache, processed, ms))
 
@@ -436,12 +493,12 @@ class _Run:
         job = self.job
         if not job.return_progress:
             return
-        self._progress(self.cache)
+        self.progress(self.cache)
         done = self.cache
         while len(job.tokens) - done > n_batch and not job.cancel.is_set():
             done += n_batch
             evaluate(job.tokens[:done])
-            self._progress(done)
+            self.progress(done)
         self.prefill_ms = (time.perf_counter() - self.t_start) * 1e3
 
     def on_token(self, event: TokenEvent, slot: SlotView) -> None:
@@ -452,7 +509,7 @@ class _Run:
         if not self.t_first:
             self.t_first = now
             if job.return_progress:
-                self._progress(len(job.tokens))
+                self.progress(len(job.tokens))
         self.n_decoded += 1
         slot.n_decoded = self.n_decoded
         if event.text:

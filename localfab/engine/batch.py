@@ -1,0 +1,437 @@
+"""Continuous batching: several replies decoded together, one `llama_decode` per step.
+
+Each slot is a KV sequence of the engine's context (see `EngineSettings.n_seq_max`) with its own
+reply: sampler chain, seed, stop strings, grammar, cancellation, prefix reuse and context shift.
+One `step()` builds a single batch holding the next token of every slot that is generating, then
+fills what room is left with chunks of the prompts still being processed: up to `n_batch` when
+nothing is generating, one micro-batch (`n_ubatch`) beside running replies, so a long prompt that
+arrives holds up the streams already running for one micro-batch at a time, never for the whole
+prompt (chunked prefill). After the decode, every slot that has logits samples its next token.
+
+Slot 0 is the engine's own sequence (`Engine.stream` uses it too, when no batch runs). A reply
+that asks for copies (`BatchDecoder.follow`) has its prompt evaluated once: when the leader's
+prompt is done its cells are copied to the followers, which sample from the same logits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import llama_cpp as lc
+import numpy as np
+
+from localfab.engine import generation
+from localfab.engine.kvcache import KVCache
+from localfab.engine.sampling import GuardedSampler
+from localfab.engine.text import StopMatcher, Utf8Stream
+from localfab.engine.types import (
+    Done,
+    FinishReason,
+    GenerationOptions,
+    StopType,
+    TokenEvent,
+)
+from localfab.errors import ContextOverflow, LocalfabError
+
+if TYPE_CHECKING:
+    from localfab.engine.llama import Engine
+
+__all__ = ["BatchDecoder", "Slot", "SlotEvents"]
+
+# A cached prefix this share of the new prompt (or more) sends it to that slot; below it the
+# least recently used idle slot is taken (llama-server's --slot-prompt-similarity default).
+PROMPT_SIMILARITY = 0.1
+
+
+@dataclass(eq=False)
+class _Reply:
+    """One reply on a slot: what it asked for and how far it is."""
+
+    prompt: list[int]
+    opts: GenerationOptions
+    sampler: GuardedSampler | None
+    n_reused: int
+    todo: list[int]  # prompt tokens not evaluated yet
+    t_start: float
+    utf8: Utf8Stream = field(default_factory=Utf8Stream)
+    stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
+    generated: list[int] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+    t_first: float = 0.0
+    pending: int = -1  # the sampled token the next step decodes; -1 while the prompt runs
+    leader: Slot | None = None  # a follower's: the slot whose prompt cells it copies
+    eog: np.ndarray[Any, np.dtype[Any]] | None = None
+
+
+@dataclass(eq=False)
+class Slot:
+    """One KV sequence and the reply it is running (None: idle)."""
+
+    id: int
+    kv: KVCache
+    reply: _Reply | None = None
+    last_used: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.reply is not None
+
+    @property
+    def n_evaluated(self) -> int:
+        """Prompt tokens in the cache so far (prompt progress)."""
+        r = self.reply
+        return 0 if r is None else len(r.prompt) - len(r.todo)
+
+
+@dataclass(frozen=True)
+class SlotEvents:
+    """What one step gave a slot: its new token and, if the reply ended, its Done; or the
+    error that ended it (the slot is idle again either way once the reply is over)."""
+
+    slot: Slot
+    events: tuple[TokenEvent | Done, ...] = ()
+    error: LocalfabError | None = None
+
+
+class BatchDecoder:
+    """Replies on the engine's sequences, decoded together. Not thread-safe: one thread steps."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        n = engine.n_seq_max
+        shared = n > 1
+        self.slots = [Slot(0, engine._kv)] + [
+            Slot(
+                i,
+                KVCache(
+                    engine._ctx, engine.n_ctx, engine.n_batch, engine.n_vocab, seq=i, shared=shared
+                ),
+            )
+            for i in range(1, n)
+        ]
+        self.n_batch = engine.n_batch
+        # Prompt tokens one step takes while other replies are generating: one micro-batch, so
+        # their next tokens wait for one micro-batch of prompt, not for the whole prompt.
+        self.n_ubatch = min(int(lc.llama_n_ubatch(engine._ctx)), self.n_batch)
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self.n_decode = 0  # llama_decode calls made
+        self.n_busy = 0  # busy slots summed over those calls
+
+    def close(self) -> None:
+        """Free the batch and every slot's buffers but slot 0's (the engine's own)."""
+        for slot in self.slots:
+            if slot.reply is not None and slot.reply.sampler is not None:
+                slot.reply.sampler.close()
+            slot.reply = None
+        for slot in self.slots[1:]:
+            slot.kv.free()
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+
+    # --- slots -------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return any(s.reply is not None for s in self.slots)
+
+    def idle(self) -> list[Slot]:
+        return [s for s in self.slots if s.reply is None]
+
+    def pick(self, prompt: Sequence[int]) -> Slot | None:
+        """The idle slot for `prompt`; None when all are busy.
+
+        As llama-server: the slot whose cache shares the longest prefix with it, when that is
+        a fair share of the prompt, else the least recently used. One more rule: the prefix
+        slot is taken only when what it saves is at least what it throws away of its cache
+        (beside the LRU slot), so a prompt that shares only the BOS with a long cached
+        conversation does not evict it.
+        """
+        idle = self.idle()
+        if not idle:
+            return None
+        lru = min(idle, key=lambda s: s.last_used)
+        best = max(idle, key=lambda s: s.kv.common_prefix(prompt))
+        lcp = best.kv.common_prefix(prompt)
+        if not prompt or lcp < PROMPT_SIMILARITY * len(prompt):
+            return lru
+        saved = lcp - lru.kv.common_prefix(prompt)
+        lost = len(best.kv.cached) - lcp
+        return best if saved >= lost or best is lru else lru
+
+    def start(self, slot: Slot, prompt: Sequence[int], opts: GenerationOptions) -> None:
+        """Begin a reply on an idle slot; UsageError/ContextOverflow for one it cannot run."""
+        if slot.reply is not None:
+            raise LocalfabError(f"slot {slot.id} is busy")
+        engine = self.engine
+        generation.check_request(engine, prompt, opts)
+        sampler = generation.new_sampler(
+            engine, opts.sampling, readable=generation.post_sampling(opts)
+        )
+        prompt = list(prompt)
+        n_reused = slot.kv.reuse_prefix(prompt)
+        reply = _Reply(
+            prompt=prompt,
+            opts=opts,
+            sampler=sampler,
+            n_reused=n_reused,
+            todo=prompt[n_reused:],
+            t_start=time.perf_counter(),
+            stops=StopMatcher(opts.stop),
+        )
+        if opts.carry:
+            reply.utf8.feed(opts.carry)
+        if sampler is None and opts.sampling.ignore_eos:
+            reply.eog = np.array(engine.eog_tokens())
+        slot.reply = reply
+        slot.last_used = reply.t_start
+
+    def follow(self, slot: Slot, leader: Slot, opts: GenerationOptions) -> None:
+        """Begin a reply on `slot` with `leader`'s prompt, evaluated once: the leader's cells
+        are copied here when its prompt is done (call right after `start` on the leader)."""
+        assert leader.reply is not None
+        self.start(slot, leader.reply.prompt, opts)
+        assert slot.reply is not None
+        slot.reply.leader = leader
+        slot.reply.todo = []
+
+    # --- the step ----------------------------------------------------------------------------
+
+    def step(self) -> list[SlotEvents]:
+        """One decode for every busy slot; what each slot got. Slots whose reply ended are idle
+        afterwards (their Done, or their error, is among the events)."""
+        out: list[SlotEvents] = []
+        rows, chunks = self._fill(out)
+        if self._batch.n_tokens:
+            self._decode(rows, chunks, out)
+        return out
+
+    def _fill(self, out: list[SlotEvents]) -> tuple[list[tuple[Slot, int]], list[tuple[Slot, int]]]:
+        """Put every busy slot's next tokens in the batch. Returns (slot, batch row) for each
+        slot whose logits this step computes, and (slot, prompt tokens taken) for each slot
+        whose prompt it feeds. Replies that end before decoding land in `out`."""
+        batch = self._batch
+        n = 0
+        rows: list[tuple[Slot, int]] = []
+        chunks: list[tuple[Slot, int]] = []
+        for slot in self.slots:
+            r = slot.reply
+            if r is None or r.pending < 0:
+                continue
+            kv = slot.kv
+            if len(kv.cached) >= kv.n_ctx and not generation._make_room(
+                kv, r.opts.on_context_full, r.generated
+            ):
+                out.append(SlotEvents(slot, tuple(self._end(slot, "length", "context"))))
+                continue
+            self._put(batch, n, r.pending, len(kv.cached), slot.id, True)
+            rows.append((slot, n))
+            n += 1
+        # While replies are generating, prompts get one micro-batch per step (chunked prefill).
+        limit = self.n_ubatch + n if n else self.n_batch
+        for slot in self.slots:
+            r = slot.reply
+            if r is None or r.pending >= 0 or r.leader is not None:
+                continue
+            cancel = r.opts.cancel
+            if cancel is not None and cancel.is_set():
+                out.append(SlotEvents(slot, tuple(self._cancelled(slot))))
+                continue
+            room = min(limit, self.n_batch) - n
+            if room <= 0:
+                continue
+            chunk = r.todo[:room]
+            start = len(slot.kv.cached)
+            last = len(chunk) == len(r.todo)
+            for i, tok in enumerate(chunk):
+                self._put(batch, n + i, tok, start + i, slot.id, last and i == len(chunk) - 1)
+            n += len(chunk)
+            chunks.append((slot, len(chunk)))
+            if last:
+                rows.append((slot, n - 1))
+        batch.n_tokens = n
+        return rows, chunks
+
+    @staticmethod
+    def _put(batch: Any, i: int, tok: int, pos: int, seq: int, logits: bool) -> None:
+        batch.token[i] = tok
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = logits
+
+    def _decode(
+        self, rows: list[tuple[Slot, int]], chunks: list[tuple[Slot, int]], out: list[SlotEvents]
+    ) -> None:
+        batch = self._batch
+        n_tokens = batch.n_tokens
+        busy = [s for s in self.slots if s.reply is not None]
+        before = {s.id: len(s.kv.cached) for s in busy}
+        rc = lc.llama_decode(self.engine._ctx, batch)
+        self.n_decode += 1
+        self.n_busy += len(busy)
+        if rc != 0:
+            self._failed(rc, busy, before, out)
+            return
+        # The cache mirrors: what each slot's sequence gained in this batch.
+        seq_id, token = batch.seq_id, batch.token
+        slots = self.slots
+        for i in range(n_tokens):
+            slots[seq_id[i][0]].kv.cached.append(token[i])
+        for slot, taken in chunks:
+            assert slot.reply is not None
+            del slot.reply.todo[:taken]
+        for slot, row in rows:
+            logits = self._row(row)
+            followers = self._followers(slot)  # before sampling: the leader may end at once
+            for follower in followers:
+                follower.kv.copy_from(slot.kv)
+            out.append(SlotEvents(slot, tuple(self._sample(slot, logits, row))))
+            for follower in followers:
+                out.append(SlotEvents(follower, tuple(self._sample(follower, logits, row))))
+
+    def _followers(self, leader: Slot) -> list[Slot]:
+        """The slots waiting for `leader`'s prompt, now theirs as well."""
+        found = []
+        for slot in self.slots:
+            r = slot.reply
+            if r is not None and r.leader is leader:
+                r.leader = None
+                r.n_reused = len(r.prompt)  # evaluated once, by the leader
+                found.append(slot)
+        return found
+
+    def _row(self, row: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+        ptr = lc.llama_get_logits_ith(self.engine._ctx, row)
+        if not ptr:
+            raise LocalfabError(f"llama.cpp computed no logits for batch row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(self.engine.n_vocab,))
+
+    def _failed(
+        self, rc: int, busy: list[Slot], before: dict[int, int], out: list[SlotEvents]
+    ) -> None:
+        """A decode that failed. Every slot's cache goes back to what it held before the step.
+        With no KV room left (a shared pool), the prompts being processed end with an error
+        and the running replies go on; on any other failure every reply in it ends."""
+        for slot in busy:
+            slot.kv.sync_after_failure()
+            slot.kv.truncate(before[slot.id])
+        prefilling = [s for s in busy if s.reply is not None and s.reply.pending < 0]
+        victims = prefilling if rc == 1 and prefilling else busy
+        for slot in victims:
+            r = slot.reply
+            assert r is not None
+            exc: LocalfabError = (
+                ContextOverflow(
+                    len(r.prompt),
+                    slot.kv.n_ctx,
+                    "the KV cache has no room left for this prompt beside the running replies: "
+                    "try again shortly, raise -c or lower -np",
+                )
+                if rc == 1
+                else LocalfabError(f"llama.cpp failed to decode (llama_decode returned {rc})")
+            )
+            self._release(slot)
+            out.append(SlotEvents(slot, error=exc))
+
+    # --- per slot ----------------------------------------------------------------------------
+
+    def _sample(
+        self, slot: Slot, logits: np.ndarray[Any, np.dtype[np.float32]], row: int
+    ) -> list[TokenEvent | Done]:
+        """Pick the slot's next token from its logits row (as `generation.stream`'s loop)."""
+        r = slot.reply
+        assert r is not None
+        engine = self.engine
+        opts = r.opts
+        sampler = r.sampler
+        token_bytes = engine.token_bytes
+        n_probs = opts.n_probs
+        raw = generation._raw_probs(opts)
+        ranked = generation.rank(logits, n_probs, token_bytes) if raw else None
+        if sampler is None:
+            tok = int(logits.argmax())
+            if r.eog is not None and tok in r.eog:
+                tok = generation._argmax_without(logits, r.eog)
+        else:
+            tok = sampler.sample_at(logits, row)
+        if not r.generated:
+            r.t_first = time.perf_counter()
+        if engine.is_eog(tok):
+            return self._end(slot, "stop", "eos")
+        if sampler is not None:
+            sampler.accept(tok)
+        r.generated.append(tok)
+        piece = token_bytes(tok)
+        text = r.stops.feed(r.utf8.feed(piece))
+        if text:
+            r.parts.append(text)
+        probs = (
+            generation._token_probs(sampler, ranked, piece, logits, tok, n_probs, token_bytes)
+            if n_probs > 0
+            else None
+        )
+        events: list[TokenEvent | Done] = [TokenEvent(tok, text, probs)]
+        cancel = opts.cancel
+        if r.stops.matched is not None:
+            events += self._end(slot, "stop", "word")
+        elif cancel is not None and cancel.is_set():
+            events += self._end(slot, "cancelled", "cancel")
+        elif len(r.generated) == opts.max_tokens:
+            events += self._end(slot, "length", "limit")
+        else:
+            r.pending = tok
+        return events
+
+    def _end(
+        self, slot: Slot, finish: FinishReason, stop_type: StopType
+    ) -> list[TokenEvent | Done]:
+        r = slot.reply
+        assert r is not None
+        self._release(slot)
+        return generation._finish(
+            n_prompt=len(r.prompt),
+            n_reused=r.n_reused,
+            generated=r.generated,
+            parts=r.parts,
+            finish=finish,
+            stop_type=stop_type,
+            utf8=r.utf8,
+            stops=r.stops,
+            t_start=r.t_start,
+            t_first=r.t_first,
+        )
+
+    def _cancelled(self, slot: Slot) -> list[TokenEvent | Done]:
+        r = slot.reply
+        assert r is not None
+        self._release(slot)
+        # The part of the prompt evaluated so far stays cached for the next request.
+        return [generation._cancelled(slot.kv, r.n_reused, r.t_start, len(r.prompt))]
+
+    def stop(self, slot: Slot) -> list[TokenEvent | Done]:
+        """End the slot's reply now, as cancelled (what it generated is kept)."""
+        r = slot.reply
+        if r is None:
+            return []
+        if r.pending < 0:
+            return self._cancelled(slot)
+        return self._end(slot, "cancelled", "cancel")
+
+    def _release(self, slot: Slot) -> None:
+        r = slot.reply
+        slot.reply = None
+        slot.last_used = time.perf_counter()
+        if r is not None and r.sampler is not None:
+            r.sampler.close()
+        # A follower waiting on this slot's prompt starts on its own.
+        for other in self.slots:
+            o = other.reply
+            if o is not None and o.leader is slot:
+                o.leader = None
+                n = other.kv.reuse_prefix(o.prompt)
+                o.n_reused = n
+                o.todo = o.prompt[n:]

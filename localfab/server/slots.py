@@ -1,0 +1,250 @@
+"""Parallel slots on the engine thread: queued jobs run together, one batch per step.
+
+With `-np N` (N > 1) the engine's context holds N sequences. The engine thread takes jobs from
+the worker's queue as slots free up: a job goes to the idle slot whose cache shares the longest
+prefix with its prompt (as llama-server does), then every step decodes the next token of every
+running reply together with a chunk of any prompt being processed (`engine.batch`). Calls queued
+for the engine (tokenize, detokenize) run between steps, so they never wait for a reply to end.
+A job whose client went away is stopped within one step and its slot freed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from localfab.engine.batch import BatchDecoder, Slot
+from localfab.engine.types import Done, GenerationOptions, Timings
+from localfab.errors import ContextOverflow, LocalfabError
+from localfab.ledger import TokenClock
+from localfab.server.errors import api_error
+from localfab.server.worker import _STOP, Job, SlotView, _cancelled, _Run
+
+if TYPE_CHECKING:
+    from localfab.server.worker import EngineWorker
+
+log = logging.getLogger("localfab.server")
+
+__all__ = ["SlotRunner"]
+
+
+@dataclass(eq=False)
+class _Active:
+    """A job running on a slot, and its bookkeeping."""
+
+    job: Job
+    run: _Run
+    view: SlotView
+    evaluated: int = 0  # prompt tokens in the cache at the last progress report
+
+
+class SlotRunner:
+    """Runs the worker's jobs on the engine's parallel slots until the worker stops."""
+
+    def __init__(self, worker: EngineWorker) -> None:
+        assert worker.model is not None
+        self.worker = worker
+        self.engine = worker.model.engine
+        self.decoder = BatchDecoder(self.engine)
+        self.waiting: deque[Job] = deque()
+        self.active: dict[int, _Active] = {}
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while self._take():
+                self._admit()
+                if self.decoder.busy:
+                    self._step()
+        finally:
+            for job in self.waiting:
+                job.emit(_cancelled(len(job.tokens)))
+            for act in self.active.values():
+                act.job.emit(_cancelled(len(act.job.tokens)))
+                self.worker.finished(act.job)
+            self.decoder.close()
+
+    def _take(self) -> bool:
+        """Move queued items in: jobs to `waiting`, calls run now. Blocks only when nothing
+        runs or waits. False once the worker stops."""
+        block = not self.decoder.busy and not self.waiting
+        while True:
+            item = self.worker.take(block)
+            if item is None:
+                return True
+            if item is _STOP:
+                return False
+            if isinstance(item, tuple):
+                self.worker.run_call(item)
+            else:
+                self.waiting.append(item)
+            block = False
+
+    def _admit(self) -> None:
+        """Start waiting jobs, in order, while slots are free."""
+        while self.waiting:
+            job = self.waiting[0]
+            if job.cancel.is_set() or self.worker.stopping:
+                self.waiting.popleft()
+                self._answer(job, _cancelled(len(job.tokens)))
+                continue
+            if not job.tokens:
+                # llama-server answers an empty prompt with an empty result.
+                self.waiting.popleft()
+                self._answer(job, Done("", "length", "none", (), Timings(), 0))
+                continue
+            leader = self._leader(job)
+            slot = self.decoder.pick(job.tokens) if leader is None else self._lru()
+            if slot is None:
+                return
+            self.waiting.popleft()
+            try:
+                self._start(job, slot, leader)
+            except LocalfabError as exc:
+                self._fail(job, exc)
+
+    def _lru(self) -> Slot | None:
+        idle = self.decoder.idle()
+        return min(idle, key=lambda s: s.last_used) if idle else None
+
+    def _leader(self, job: Job) -> Slot | None:
+        """A slot still processing the same prompt for the same request (`n` > 1)."""
+        if job.group < 0:
+            return None
+        for slot_id, act in self.active.items():
+            slot = self.decoder.slots[slot_id]
+            reply = slot.reply
+            if (
+                act.job.group == job.group
+                and reply is not None
+                and reply.pending < 0
+                and reply.leader is None
+                and reply.prompt == list(job.tokens)
+            ):
+                return slot
+        return None
+
+    def _start(self, job: Job, slot: Slot, leader: Slot | None) -> None:
+        kv = slot.kv
+        if not job.cache_prompt:
+            kv.clear()
+        if job.n_predict == 0:
+            self._evaluate_only(job, slot)
+            return
+        window = job.window
+        if window is not None and window.left_out["turns"] and kv.can_shift:
+            # Turns were left out: move the kept ones' KV cells rather than process them.
+            kv.align_to(job.tokens)
+        view = SlotView(
+            id_task=job.id,
+            processing=True,
+            n_prompt_tokens=len(job.tokens),
+            n_predict=job.n_predict,
+            params=job.params,
+            prompt=job.tokens,
+        )
+        clock = TokenClock() if self.worker.ledger is not None else None
+        run = _Run(job, kv.cached, clock=clock)
+        opts = GenerationOptions(
+            max_tokens=job.n_predict,
+            sampling=job.sampling,
+            stop=job.stop,
+            cancel=job.cancel,
+            on_context_full=self.worker.shifter(job),
+            n_probs=job.n_probs,
+            post_sampling_probs=job.post_sampling_probs,
+        )
+        if leader is None:
+            self.decoder.start(slot, job.tokens, opts)
+        else:
+            self.decoder.follow(slot, leader, opts)
+            run.cache = len(job.tokens)
+        self.worker.slots[slot.id] = view
+        act = _Active(job, run, view, evaluated=slot.n_evaluated)
+        self.active[slot.id] = act
+        if job.return_progress:
+            run.progress(run.cache)
+
+    def _evaluate_only(self, job: Job, slot: Slot) -> None:
+        """n_predict 0: put the prompt in the slot's cache, generate nothing."""
+        import time
+
+        kv = slot.kv
+        if len(job.tokens) >= kv.n_ctx:
+            raise ContextOverflow(len(job.tokens), kv.n_ctx)
+        t0 = time.perf_counter()
+        reuse = kv.reuse_prefix(job.tokens)
+        kv.decode(list(job.tokens[reuse:]), reuse, logits_last=True)
+        slot.last_used = time.perf_counter()
+        ms = (slot.last_used - t0) * 1e3
+        timings = Timings(cache_n=reuse, prompt_n=len(job.tokens) - reuse, prompt_ms=ms)
+        self.worker.metrics.record_step(-(-timings.prompt_n // max(kv.n_batch, 1)), 1)
+        self._answer(job, Done("", "length", "limit", (), timings, len(job.tokens)))
+
+    # --- one step ----------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        decoder = self.decoder
+        n_decode, n_busy = decoder.n_decode, decoder.n_busy
+        results = decoder.step()
+        self.worker.metrics.record_step(decoder.n_decode - n_decode, decoder.n_busy - n_busy)
+        for res in results:
+            act = self.active.get(res.slot.id)
+            if act is None:  # pragma: no cover - every busy slot has its job
+                continue
+            if res.error is not None:
+                self._close(res.slot.id)
+                self._fail(act.job, res.error)
+                continue
+            for event in res.events:
+                if isinstance(event, Done):
+                    self._done(res.slot.id, event)
+                else:
+                    act.run.on_token(event, act.view)
+            if res.slot.id in self.active and act.job.cancel.is_set() and res.slot.reply:
+                # Stopped by its time limit, or its client left: end it now, not a step later.
+                for event in decoder.stop(res.slot):
+                    if isinstance(event, Done):
+                        self._done(res.slot.id, event)
+                    else:
+                        act.run.on_token(event, act.view)
+        self._report_progress()
+
+    def _report_progress(self) -> None:
+        for slot_id, act in self.active.items():
+            if not act.job.return_progress:
+                continue
+            slot = self.decoder.slots[slot_id]
+            reply = slot.reply
+            if reply is None or reply.pending >= 0:
+                continue
+            n = slot.n_evaluated
+            if n != act.evaluated:
+                act.evaluated = n
+                act.run.progress(n)
+
+    def _done(self, slot_id: int, done: Done) -> None:
+        act = self._close(slot_id)
+        done = act.run.finish(done)
+        act.view.n_prompt_tokens_processed = done.timings.prompt_n
+        act.view.n_prompt_tokens_cache = done.timings.cache_n
+        act.view.generated = "".join(act.run.parts)
+        self.worker.metrics.record(done, self.engine.n_batch, decodes=False)
+        self._answer(act.job, done)
+        self.worker.record(act.job, done, act.run.clock, None)
+
+    def _close(self, slot_id: int) -> _Active:
+        act = self.active.pop(slot_id)
+        act.view.processing = False
+        return act
+
+    def _answer(self, job: Job, done: Done) -> None:
+        job.emit(done)
+        self.worker.finished(job)
+
+    def _fail(self, job: Job, exc: LocalfabError) -> None:
+        job.emit(api_error(exc))
+        self.worker.finished(job)
