@@ -274,3 +274,36 @@ def test_a_reply_past_the_slot_context_shifts_with_context_shift(model_path: Pat
     finally:
         server.stop()
         loaded.close()
+
+
+def test_kv_unified_slots_share_one_pool_and_a_full_pool_ends_a_reply_cleanly(
+    model_path: Path,
+) -> None:
+    pool = 1024
+    loaded, server = _serve(model_path, n_ctx=pool, kv_unified=True)
+    try:
+        # Every slot may use the whole pool...
+        assert all(s["n_ctx"] == pool for s in slots(server.url))
+        outs: list[dict[str, Any]] = [{} for _ in range(3)]
+
+        def go(i: int) -> None:
+            outs[i] = complete(server.url, f"Story {i}:", n=500, ignore_eos=True)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # ...but three 500-token replies do not fit 1,024 cells together: the youngest stops
+        # where the pool ran out (its text kept, as a length stop), the others go on.
+        assert all(o["stop_type"] == "limit" for o in outs)
+        cut = [o for o in outs if o["tokens_predicted"] < 500]
+        assert 1 <= len(cut) <= 2 and all(o["content"] for o in cut)
+        assert any(o["tokens_predicted"] == 500 for o in outs)
+        # Together they used more than the pool: the cut reply's cells went back to it.
+        assert sum(o["tokens_evaluated"] + o["tokens_predicted"] for o in outs) > pool
+        # The pool is usable again at once (idle slots' cells are given up when needed).
+        assert complete(server.url, "Hello", n=4)["tokens_predicted"] == 4
+    finally:
+        server.stop()
+        loaded.close()

@@ -545,9 +545,13 @@ def test_concurrent_streams_get_the_text_they_get_alone(http: httpx.Client) -> N
     assert [got.get(i) for i in range(len(prompts))] == alone
 
 
-def test_disconnects_mid_stream_free_the_slot_and_leave_memory_flat(model_path: Any) -> None:
+@pytest.mark.parametrize("n_slots", [1, 4])
+def test_disconnects_mid_stream_free_the_slot_and_leave_memory_flat(
+    model_path: Any, n_slots: int
+) -> None:
     body = {"prompt": "Once upon a time", "n_predict": 400, "ignore_eos": True, "stream": True}
-    with serve(model_path, "-c", "1024", "-t", "2", "--metrics") as server:
+    ctx = str(1024 * n_slots)
+    with serve(model_path, "-c", ctx, "-t", "2", "--metrics", "-np", str(n_slots)) as server:
         url = server.url + "/completion"
 
         def leave_after_first_token() -> None:
@@ -562,7 +566,7 @@ def test_disconnects_mid_stream_free_the_slot_and_leave_memory_flat(model_path: 
         for _ in range(100):
             leave_after_first_token()
         with httpx.Client(base_url=server.url, timeout=120) as http:
-            _wait_for(lambda: not http.get("/slots").json()[0]["is_processing"])
+            _wait_for(lambda: not any(s["is_processing"] for s in http.get("/slots").json()))
             res = complete(http, prompt=PROMPT, n_predict=2)
             assert res["tokens_predicted"] == 2
             # Each abandoned reply stopped within a few tokens, not at its 400.

@@ -313,28 +313,42 @@ class BatchDecoder:
     def _failed(
         self, rc: int, busy: list[Slot], before: dict[int, int], out: list[SlotEvents]
     ) -> None:
-        """A decode that failed. Every slot's cache goes back to what it held before the step.
-        With no KV room left (a shared pool), the prompts being processed end with an error
-        and the running replies go on; on any other failure every reply in it ends."""
+        """A decode that failed: every slot's cache goes back to what it held before the step.
+
+        No KV room left (a shared pool, --kv-unified): idle slots' cached prompts are dropped
+        and the next step tries again; when none is left to drop, the prompts being processed
+        end with an error, else the youngest reply ends where it is (a "context" stop, its text
+        kept). Any other failure ends every reply in the batch with an error.
+        """
         for slot in busy:
             slot.kv.sync_after_failure()
             slot.kv.truncate(before[slot.id])
-        prefilling = [s for s in busy if s.reply is not None and s.reply.pending < 0]
-        victims = prefilling if rc == 1 and prefilling else busy
-        for slot in victims:
-            r = slot.reply
-            assert r is not None
-            exc: LocalfabError = (
-                ContextOverflow(
+        if rc == 1:
+            idle = [s for s in self.slots if s.reply is None and s.kv.cached]
+            for slot in idle:
+                slot.kv.clear()
+            if idle:
+                return
+            prefilling = [s for s in busy if s.reply is not None and s.reply.pending < 0]
+            if not prefilling:
+                youngest = max(busy, key=lambda s: s.reply.t_start if s.reply else 0.0)
+                out.append(SlotEvents(youngest, tuple(self._end(youngest, "length", "context"))))
+                return
+            for slot in prefilling:
+                r = slot.reply
+                assert r is not None
+                self._release(slot)
+                exc: LocalfabError = ContextOverflow(
                     len(r.prompt),
                     slot.kv.n_ctx,
-                    "the KV cache has no room left for this prompt beside the running replies: "
-                    "try again shortly, raise -c or lower -np",
+                    "the shared KV cache has no room left for this prompt beside the running "
+                    "replies: try again shortly, raise -c or lower -np",
                 )
-                if rc == 1
-                else LocalfabError(f"llama.cpp failed to decode (llama_decode returned {rc})")
-            )
+                out.append(SlotEvents(slot, error=exc))
+            return
+        for slot in busy:
             self._release(slot)
+            exc = LocalfabError(f"llama.cpp failed to decode (llama_decode returned {rc})")
             out.append(SlotEvents(slot, error=exc))
 
     # --- per slot ----------------------------------------------------------------------------
