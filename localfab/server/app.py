@@ -2,7 +2,8 @@
 
 Endpoints, request fields, response fields, status codes, error bodies and SSE framing follow
 llama.cpp's tools/server (server.cpp, server-context.cpp, server-http.cpp) of the same version as
-the installed llama-cpp-python. One engine thread serves a FIFO queue (see `worker`); the handlers
+the installed llama-cpp-python. One engine thread serves a FIFO queue (see `worker`), running
+the jobs on parallel slots together with `-np` > 1 (see `slots`); the handlers
 prepare each request (parse, validate, render the chat template, tokenize, fit the window) in a
 worker thread, so the event loop only moves bytes, then await what the engine emits.
 
