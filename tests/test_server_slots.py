@@ -15,6 +15,7 @@ import pytest
 
 from localfab.server import ServerSettings, create_app
 from localfab.server.runner import BackgroundServer
+from tests.greedy import NEAR_TIE
 
 pytestmark = pytest.mark.model
 
@@ -98,12 +99,6 @@ def metrics(url: str) -> dict[str, float]:
             name, value = line.split()
             out[name.removeprefix("llamacpp:")] = float(value)
     return out
-
-
-# A greedy choice whose two likeliest tokens are closer than this (in logprob) is a near-tie:
-# a batch of several sequences runs other CPU kernels than a batch of one (llama.cpp's own
-# llama-server gives other text for such prompts concurrently than alone, too).
-NEAR_TIE = 0.1
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

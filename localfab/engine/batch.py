@@ -112,6 +112,8 @@ class BatchDecoder:
             )
             for i in range(1, n)
         ]
+        for slot in self.slots[1:]:
+            slot.kv.clear()  # cells an earlier decoder left in these sequences: not mirrored
         self.n_batch = engine.n_batch
         # Prompt tokens one step takes while other replies are generating: one micro-batch, so
         # their next tokens wait for one micro-batch of prompt, not for the whole prompt.
@@ -145,10 +147,10 @@ class BatchDecoder:
         """The idle slot for `prompt`; None when all are busy.
 
         As llama-server: the slot whose cache shares the longest prefix with it, when that is
-        a fair share of the prompt, else the least recently used. One more rule: the prefix
-        slot is taken only when what it saves is at least what it throws away of its cache
-        (beside the LRU slot), so a prompt that shares only the BOS with a long cached
-        conversation does not evict it.
+        a fair share of the prompt (and more than the BOS), else the least recently used. One
+        guard more: a prefix under half the prompt is taken only when it saves at least as
+        many tokens as it throws away of that slot's cache, so a short prompt that shares a
+        word or two with a cached conversation does not evict it.
         """
         idle = self.idle()
         if not idle:
@@ -156,11 +158,13 @@ class BatchDecoder:
         lru = min(idle, key=lambda s: s.last_used)
         best = max(idle, key=lambda s: s.kv.common_prefix(prompt))
         lcp = best.kv.common_prefix(prompt)
-        if not prompt or lcp < PROMPT_SIMILARITY * len(prompt):
+        if lcp <= 1 or lcp < PROMPT_SIMILARITY * len(prompt):
             return lru
+        if 2 * lcp >= len(prompt):
+            return best
         saved = lcp - lru.kv.common_prefix(prompt)
         lost = len(best.kv.cached) - lcp
-        return best if saved >= lost or best is lru else lru
+        return best if saved >= lost else lru
 
     def start(self, slot: Slot, prompt: Sequence[int], opts: GenerationOptions) -> None:
         """Begin a reply on an idle slot; UsageError/ContextOverflow for one it cannot run."""

@@ -1,0 +1,32 @@
+"""Comparing greedy replies decoded in different batches.
+
+llama.cpp's CPU kernels compute a batch of several sequences slightly differently from a batch
+of one, so where the two likeliest tokens are nearly tied a greedy reply decoded beside others
+can take the other one (llama-server does the same). A reply decoded together with others
+must follow the one decoded alone token for token, and may part from it only at such a tie.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Two likeliest tokens closer than this (in logprob) are a near-tie.
+NEAR_TIE = 0.1
+
+
+def assert_follows(alone: dict[str, Any], text: str) -> None:
+    """`text` is `alone`'s reply (a /completion answer with n_probs >= 2), or parts from it only
+    where alone's two likeliest tokens were a near-tie."""
+    prefix = ""
+    for k, entry in enumerate(alone["completion_probabilities"]):
+        longer = prefix + entry["token"]
+        if not text.startswith(longer):
+            top = entry["top_logprobs"]
+            margin = top[0]["logprob"] - top[1]["logprob"]
+            assert margin < NEAR_TIE, (
+                f"{text!r} parts from {alone['content']!r} at token {k}, a clear choice "
+                f"(margin {margin:.3f})"
+            )
+            return
+        prefix = longer
+    assert text == prefix
