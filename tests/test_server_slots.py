@@ -302,3 +302,31 @@ def test_kv_unified_slots_share_one_pool_and_a_full_pool_ends_a_reply_cleanly(
     finally:
         server.stop()
         loaded.close()
+
+
+def test_200_requests_at_once_queue_for_the_slots_and_all_are_answered(url: str) -> None:
+    answers: list[int] = []
+    lock = threading.Lock()
+
+    def go(i: int) -> None:
+        body = {"prompt": f"Item {i}:", "n_predict": 2, "ignore_eos": True}
+        r = httpx.post(url + "/completion", json=body, timeout=300)
+        with lock:
+            answers.append(r.status_code)
+
+    before = metrics(url)
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(200)]
+    for t in threads:
+        t.start()
+    deferred = 0.0
+    while any(t.is_alive() for t in threads):
+        deferred = max(deferred, metrics(url)["requests_deferred"])
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert answers == [200] * 200
+    assert deferred > 0  # more requests than slots: the rest waited their turn
+    after = metrics(url)
+    assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == 400
+    assert after["requests_processing"] == 0 and after["requests_deferred"] == 0
+    assert not any(s["is_processing"] for s in wait_idle(url))
