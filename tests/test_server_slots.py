@@ -330,3 +330,21 @@ def test_200_requests_at_once_queue_for_the_slots_and_all_are_answered(url: str)
     assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == 400
     assert after["requests_processing"] == 0 and after["requests_deferred"] == 0
     assert not any(s["is_processing"] for s in wait_idle(url))
+
+
+def test_id_slot_pins_a_request_to_a_slot_and_every_answer_names_its_slot(url: str) -> None:
+    prompt = "The observatory's dome opened slowly while the astronomer checked the sky"
+    first = complete(url, prompt, n=4, id_slot=2)
+    assert first["id_slot"] == 2
+    state = wait_idle(url)
+    assert state[2]["n_prompt_tokens"] == first["tokens_evaluated"]
+    # As llama-server, an id past the last slot wraps around; the pinned slot's cache serves it.
+    again = complete(url, prompt + " again", n=4, id_slot=2 + N_SLOTS)
+    assert again["id_slot"] == 2
+    assert again["timings"]["cache_n"] >= first["tokens_evaluated"] - 2
+    # Without id_slot, the answer says which slot ran it.
+    free = complete(url, "A short unrelated line", n=2)
+    assert 0 <= free["id_slot"] < N_SLOTS
+    assert slots(url)[free["id_slot"]]["n_prompt_tokens"] == free["tokens_evaluated"]
+    bad = httpx.post(url + "/completion", json={"prompt": "x", "id_slot": -2}, timeout=30)
+    assert bad.status_code == 400

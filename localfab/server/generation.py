@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -57,6 +57,10 @@ class _Result:
     reply: shapes.Reply
     tokens: list[int]
     probs: list[tuple[int, TokenProbs]] = field(default_factory=list)
+
+    def placed(self) -> shapes.Reply:
+        """The reply's shared fields with the slot the job ran on (known once it is done)."""
+        return replace(self.reply, slot=self.job.placed[0])
 
 
 class _Batch:
@@ -143,6 +147,7 @@ async def respond(
                 timings_per_token=gen.timings_per_token,
                 t_max_predict_ms=gen.t_max_predict_ms,
                 group=job_group if gen.n_cmpl > 1 else -1,
+                id_slot=gen.id_slot,
             )
             reply = shapes.Reply(
                 id=completion_id,
@@ -192,7 +197,7 @@ async def _whole(server: Server, batch: _Batch, first: Any, dialect: Dialect) ->
             # As llama-server: leave out the tokens of the stop string.
             stop = await server.tokenize(item.stopping_word, add_special=False, parse_special=False)
             del res.probs[max(0, len(res.probs) - len(stop)) :]
-        answers.append(dialect.final(res.reply, item, res.tokens, res.probs))
+        answers.append(dialect.final(res.placed(), item, res.tokens, res.probs))
     return json_response(dialect.merge(answers))
 
 
@@ -218,7 +223,7 @@ async def _stream(batch: _Batch, first: Any, dialect: Dialect) -> AsyncIterator[
             for chunk in chunks:
                 yield shapes.sse(chunk)
             item = await res.channel.get()
-        for chunk in dialect.stream_end(res.reply, item, res.tokens):
+        for chunk in dialect.stream_end(res.placed(), item, res.tokens):
             yield shapes.sse(chunk)
     if dialect.done_event:
         yield dialect.done_event

@@ -138,6 +138,7 @@ class Generation:
     timings_per_token: bool = False  # every chunk carries the timings so far
     post_sampling_probs: bool = False
     t_max_predict_ms: int = -1
+    id_slot: int = -1  # the slot to run on (modulo the slots); -1: an idle one
     response_fields: tuple[str, ...] = ()  # native answers: only these (nested) fields
     verbose: bool | None = None  # None: as the server was started (--verbose)
     settings_json: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -307,6 +308,7 @@ def parse_generation(
         t_max_predict_ms=number(
             body, "t_max_predict_ms", default=-1, integer=True, hard=(-1, INT64_MAX)
         ),
+        id_slot=number(body, "id_slot", default=-1, integer=True, hard=(-1, INT32_MAX)),
         response_fields=_response_fields(body),
         verbose=body.get("verbose") if isinstance(body.get("verbose"), bool) else None,
     )

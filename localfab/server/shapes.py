@@ -97,6 +97,7 @@ class Reply:
     index: int = 0  # which result of the request (several prompts, or n > 1)
     # Whole oldest turns a chat left out to fit the window: {"turns": n, "tokens": n}.
     context_shift: dict[str, int] | None = None
+    slot: int = 0  # the slot that ran it (`id_slot` of the final answer)
 
     def now(self) -> int:
         return self.created or int(time.time())
@@ -136,7 +137,7 @@ def native_final(
         "index": reply.index,
         "content": "" if stream else done.text,
         "tokens": list(done.tokens) if return_tokens and not stream else [],
-        "id_slot": 0,
+        "id_slot": reply.slot,
         "stop": True,
         "model": reply.model,
         "tokens_predicted": done.timings.predicted_n,

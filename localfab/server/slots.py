@@ -84,27 +84,39 @@ class SlotRunner:
             block = False
 
     def _admit(self) -> None:
-        """Start waiting jobs, in order, while slots are free."""
-        while self.waiting:
-            job = self.waiting[0]
+        """Start waiting jobs, in order, while slots are free. A job that asked for a slot
+        that is busy (`id_slot`) waits for it; the jobs behind it go on."""
+        for job in list(self.waiting):
             if job.cancel.is_set() or self.worker.stopping:
-                self.waiting.popleft()
+                self.waiting.remove(job)
                 self._answer(job, _cancelled(len(job.tokens)))
                 continue
             if not job.tokens:
                 # llama-server answers an empty prompt with an empty result.
-                self.waiting.popleft()
+                self.waiting.remove(job)
                 self._answer(job, Done("", "length", "none", (), Timings(), 0))
                 continue
-            leader = self._leader(job)
-            slot = self.decoder.pick(job.tokens) if leader is None else self._lru()
-            if slot is None:
+            if not self.decoder.idle():
                 return
-            self.waiting.popleft()
+            slot, leader = self._slot_for(job)
+            if slot is None:
+                continue  # its slot is busy
+            self.waiting.remove(job)
+            job.placed[0] = slot.id
             try:
                 self._start(job, slot, leader)
             except LocalfabError as exc:
                 self._fail(job, exc)
+
+    def _slot_for(self, job: Job) -> tuple[Slot | None, Slot | None]:
+        """The idle slot for a job (None: the one it asked for is busy), and the slot whose
+        prompt it shares (`n` > 1), if any."""
+        slots = self.decoder.slots
+        if job.id_slot >= 0:
+            asked = slots[job.id_slot % len(slots)]
+            return (None if asked.busy else asked), None
+        leader = self._leader(job)
+        return (self.decoder.pick(job.tokens) if leader is None else self._lru()), leader
 
     def _lru(self) -> Slot | None:
         idle = self.decoder.idle()

@@ -89,7 +89,10 @@ class Job:
     # Jobs of one request with the same prompt (`n` > 1) share a group: with parallel slots the
     # prompt is evaluated once and its KV cells copied. -1: none.
     group: int = -1
+    id_slot: int = -1  # the slot asked for (llama-server's `id_slot`, modulo the slots)
     cancel: threading.Event = field(default_factory=threading.Event)
+    # The slot the job ran on, filled in by the engine thread before its Done (for `id_slot`).
+    placed: list[int] = field(default_factory=lambda: [0])
 
 
 @dataclass
