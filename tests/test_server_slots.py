@@ -348,3 +348,25 @@ def test_id_slot_pins_a_request_to_a_slot_and_every_answer_names_its_slot(url: s
     assert slots(url)[free["id_slot"]]["n_prompt_tokens"] == free["tokens_evaluated"]
     bad = httpx.post(url + "/completion", json={"prompt": "x", "id_slot": -2}, timeout=30)
     assert bad.status_code == 400
+
+
+def test_a_step_that_raises_fails_its_requests_and_the_slots_go_on(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localfab.engine.batch import BatchDecoder
+
+    real = BatchDecoder.step
+    calls = [0]
+
+    def flaky(self: BatchDecoder) -> Any:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("boom")
+        return real(self)
+
+    monkeypatch.setattr(BatchDecoder, "step", flaky)
+    r = httpx.post(url + "/completion", json={"prompt": "Hello", "n_predict": 10}, timeout=60)
+    assert r.status_code == 500
+    assert "boom" in r.json()["error"]["message"]
+    assert not any(s["is_processing"] for s in wait_idle(url))
+    assert complete(url, "Hello there", n=3)["tokens_predicted"] == 3

@@ -430,6 +430,16 @@ class BatchDecoder:
         # The part of the prompt evaluated so far stays cached for the next request.
         return [generation._cancelled(slot.kv, r.n_reused, r.t_start, len(r.prompt))]
 
+    def reset(self) -> list[Slot]:
+        """After a step that raised: every reply is dropped (their slots are returned) and each
+        slot's mirror is cut back to what its sequence holds."""
+        dropped = [s for s in self.slots if s.reply is not None]
+        for slot in dropped:
+            self._release(slot)
+        for slot in self.slots:
+            slot.kv.sync_after_failure()
+        return dropped
+
     def stop(self, slot: Slot) -> list[TokenEvent | Done]:
         """End the slot's reply now, as cancelled (what it generated is kept)."""
         r = slot.reply

@@ -201,7 +201,16 @@ class SlotRunner:
     def _step(self) -> None:
         decoder = self.decoder
         n_decode, n_busy = decoder.n_decode, decoder.n_busy
-        results = decoder.step()
+        try:
+            results = decoder.step()
+        except Exception as exc:  # never let one step kill the engine thread
+            log.exception("a decode step failed")
+            error = (
+                exc if isinstance(exc, LocalfabError) else LocalfabError(f"decoding failed: {exc}")
+            )
+            for slot in decoder.reset():
+                self._fail(self._close(slot.id).job, error)
+            return
         self.worker.metrics.record_step(decoder.n_decode - n_decode, decoder.n_busy - n_busy)
         for res in results:
             act = self.active.get(res.slot.id)
