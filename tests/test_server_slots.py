@@ -370,3 +370,19 @@ def test_a_step_that_raises_fails_its_requests_and_the_slots_go_on(
     assert "boom" in r.json()["error"]["message"]
     assert not any(s["is_processing"] for s in wait_idle(url))
     assert complete(url, "Hello there", n=3)["tokens_predicted"] == 3
+
+
+def test_a_grammar_dead_end_ends_only_its_own_reply(url: str) -> None:
+    outs: list[list[tuple[float, str]]] = [[]]
+    running = threading.Thread(target=stream_tokens, args=(url, PROMPTS[0], 64, outs[0]))
+    running.start()
+    deadline = time.monotonic() + 60
+    while len(outs[0]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # "a", then a character no token has: the second token has no candidate.
+    body = {"prompt": "Hi", "n_predict": 4, "grammar": 'root ::= "a" [\\x00]', "stream": True}
+    reply = httpx.post(url + "/completion", json=body, timeout=60)
+    running.join()
+    chunks = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert chunks[0]["content"] == "a" and "error" in chunks[-1]
+    assert len(outs[0]) == 64  # the stream beside it went on to its end

@@ -293,9 +293,21 @@ class BatchDecoder:
             followers = self._followers(slot)  # before sampling: the leader may end at once
             for follower in followers:
                 follower.kv.copy_from(slot.kv)
-            out.append(SlotEvents(slot, tuple(self._sample(slot, logits, row))))
+            out.append(self._sample_or_fail(slot, logits, row))
             for follower in followers:
-                out.append(SlotEvents(follower, tuple(self._sample(follower, logits, row))))
+                out.append(self._sample_or_fail(follower, logits, row))
+
+    def _sample_or_fail(
+        self, slot: Slot, logits: np.ndarray[Any, np.dtype[np.float32]], row: int
+    ) -> SlotEvents:
+        """The slot's next token; a reply whose sampler fails (a grammar at a dead end) ends
+        with its error, and only that reply."""
+        try:
+            return SlotEvents(slot, tuple(self._sample(slot, logits, row)))
+        except LocalfabError as exc:
+            if slot.reply is not None:
+                self._release(slot)
+            return SlotEvents(slot, error=exc)
 
     def _followers(self, leader: Slot) -> list[Slot]:
         """The slots waiting for `leader`'s prompt, now theirs as well."""
