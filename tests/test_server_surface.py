@@ -510,7 +510,9 @@ def test_metrics_after_a_known_sequence(loaded: Any) -> None:
         again, _ = scrape(http)  # the gauges average since the last scrape
         assert again["predicted_tokens_seconds"] == 0 and again["prompt_tokens_seconds"] == 0
         assert again["tokens_predicted_total"] == 16
-        # While a request runs it is processing, and a second one waits behind it.
+        # While requests run they are processing (one at a time on one sequence, two on two
+        # slots), and the next waits behind them.
+        n_running = min(loaded.engine.n_seq_max, 2)
         stream = {"prompt": "Once", "n_predict": 300, "ignore_eos": True, "stream": True, **GREEDY}
         url = str(http.base_url) + "/completion"
 
@@ -519,16 +521,20 @@ def test_metrics_after_a_known_sequence(loaded: Any) -> None:
                 for _ in res.iter_lines():
                     pass
 
-        threads = [threading.Thread(target=run) for _ in range(2)]
+        threads = [threading.Thread(target=run) for _ in range(n_running + 1)]
         for t in threads:
             t.start()
-        busy = _wait_for(lambda: (v := scrape(http)[0])["requests_deferred"] == 1 and v)
-        assert busy["requests_processing"] == 1
+        _wait_for(
+            lambda: (
+                (v := scrape(http)[0])["requests_deferred"] == 1
+                and v["requests_processing"] == n_running
+            )
+        )
         for t in threads:
             t.join(300)
         after, _ = scrape(http)
         assert after["requests_processing"] == 0 and after["requests_deferred"] == 0
-        assert after["tokens_predicted_total"] == 16 + 600
+        assert after["tokens_predicted_total"] == 16 + 300 * (n_running + 1)
         assert math.isfinite(after["predicted_tokens_seconds"])
 
 

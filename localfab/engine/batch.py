@@ -99,10 +99,11 @@ class SlotEvents:
 class BatchDecoder:
     """Replies on the engine's sequences, decoded together. Not thread-safe: one thread steps."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, n_slots: int | None = None) -> None:
+        """Slots on the engine's first `n_slots` sequences (default: all of them)."""
         self.engine = engine
-        n = engine.n_seq_max
-        shared = n > 1
+        n = engine.n_seq_max if n_slots is None else min(max(n_slots, 1), engine.n_seq_max)
+        shared = engine.n_seq_max > 1
         self.slots = [Slot(0, engine._kv)] + [
             Slot(
                 i,
@@ -226,11 +227,17 @@ class BatchDecoder:
             if r is None or r.pending < 0:
                 continue
             kv = slot.kv
-            if len(kv.cached) >= kv.n_ctx and not generation._make_room(
-                kv, r.opts.on_context_full, r.generated
-            ):
-                out.append(SlotEvents(slot, tuple(self._end(slot, "length", "context"))))
-                continue
+            if len(kv.cached) >= kv.n_ctx:
+                try:
+                    shifted = generation._make_room(kv, r.opts.on_context_full, r.generated)
+                except LocalfabError as exc:  # the shift failed: this reply ends, not the others
+                    self._release(slot)
+                    kv.sync_after_failure()
+                    out.append(SlotEvents(slot, error=exc))
+                    continue
+                if not shifted:
+                    out.append(SlotEvents(slot, tuple(self._end(slot, "length", "context"))))
+                    continue
             self._put(batch, n, r.pending, len(kv.cached), slot.id, True)
             rows.append((slot, n))
             n += 1

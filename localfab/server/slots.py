@@ -43,11 +43,11 @@ class _Active:
 class SlotRunner:
     """Runs the worker's jobs on the engine's parallel slots until the worker stops."""
 
-    def __init__(self, worker: EngineWorker) -> None:
+    def __init__(self, worker: EngineWorker, n_slots: int) -> None:
         assert worker.model is not None
         self.worker = worker
         self.engine = worker.model.engine
-        self.decoder = BatchDecoder(self.engine)
+        self.decoder = BatchDecoder(self.engine, n_slots)
         self.waiting: deque[Job] = deque()
         self.active: dict[int, _Active] = {}
 

@@ -188,7 +188,8 @@ class EngineWorker:
         self.load_error: BaseException | None = None
         self.metrics = Metrics()
         # What /slots shows, one view per slot; with one slot, [0] is the job running (or last).
-        self.slots = [SlotView() for _ in range(max(n_parallel, 1))]
+        self.n_parallel = max(n_parallel, 1)
+        self.slots = [SlotView() for _ in range(self.n_parallel)]
         self.runner: Any = None  # the SlotRunner while parallel slots run
         self.on_ready: Callable[[], None] | None = None
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -262,12 +263,12 @@ class EngineWorker:
         self.ready.set()
         if self.on_ready is not None:
             self.on_ready()
-        n_seq = self.model.engine.n_seq_max
-        self.slots += [SlotView() for _ in range(n_seq - len(self.slots))]
+        # As many slots as asked for and the context has sequences (-np loads one per slot).
+        n_seq = min(self.model.engine.n_seq_max, self.n_parallel)
         if n_seq > 1:
             from localfab.server.slots import SlotRunner
 
-            self.runner = SlotRunner(self)
+            self.runner = SlotRunner(self, n_seq)
             self.runner.run()
             return
         while True:
