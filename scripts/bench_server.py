@@ -61,9 +61,9 @@ class Stream:
     error: str = ""
 
 
-def stream_into(url: str, prompt: str, n_tokens: int, out: Stream) -> None:
-    """Stream one /v1/completions reply, stamping every token into `out` (a thread's body)."""
-    body = {
+def request_body(prompt: str, n_tokens: int) -> dict[str, Any]:
+    """A streamed greedy reply of exactly n_tokens, its prompt evaluated in full."""
+    return {
         "prompt": prompt,
         "max_tokens": n_tokens,
         "temperature": 0,
@@ -71,6 +71,11 @@ def stream_into(url: str, prompt: str, n_tokens: int, out: Stream) -> None:
         "ignore_eos": True,
         "cache_prompt": False,
     }
+
+
+def stream_into(url: str, prompt: str, n_tokens: int, out: Stream) -> None:
+    """Stream one /v1/completions reply, stamping every token into `out` (a thread's body)."""
+    body = request_body(prompt, n_tokens)
     try:
         with httpx.Client(timeout=600) as client:
             out.t_sent = time.perf_counter()
@@ -223,14 +228,7 @@ def concurrent(args: argparse.Namespace, servers: list[tuple[str, str]]) -> None
 
 
 def measure(client: httpx.Client, url: str, prompt: str, n_tokens: int) -> Sample:
-    body = {
-        "prompt": prompt,
-        "max_tokens": n_tokens,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-        "cache_prompt": False,
-    }
+    body = request_body(prompt, n_tokens)
     t0 = time.perf_counter()
     stamps: list[float] = []
     with client.stream("POST", url + "/v1/completions", json=body) as r:

@@ -386,3 +386,13 @@ def test_a_grammar_dead_end_ends_only_its_own_reply(url: str) -> None:
     chunks = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")]
     assert chunks[0]["content"] == "a" and "error" in chunks[-1]
     assert len(outs[0]) == 64  # the stream beside it went on to its end
+
+
+def test_a_prompt_only_request_is_counted_in_the_metrics(url: str) -> None:
+    before = metrics(url)
+    res = complete(url, "A prompt to cache and nothing more", n=0, cache_prompt=False)
+    after = metrics(url)
+    assert res["tokens_predicted"] == 0
+    n = res["timings"]["prompt_n"]
+    assert n > 0
+    assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == n

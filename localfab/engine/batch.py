@@ -167,6 +167,11 @@ class BatchDecoder:
         lost = len(best.kv.cached) - lcp
         return best if saved >= lost else lru
 
+    @staticmethod
+    def touch(slot: Slot) -> None:
+        """The slot was used now (for the least-recently-used choice)."""
+        slot.last_used = time.perf_counter()
+
     def start(self, slot: Slot, prompt: Sequence[int], opts: GenerationOptions) -> None:
         """Begin a reply on an idle slot; UsageError/ContextOverflow for one it cannot run."""
         if slot.reply is not None:

@@ -224,6 +224,13 @@ class KVCache:
             lcp += 1
         return lcp
 
+    def evaluate(self, tokens: Sequence[int]) -> int:
+        """Put `tokens` in the cache (the last one's logits computed); returns how many came
+        from the cache."""
+        n = self.reuse_prefix(tokens)
+        self.decode(list(tokens[n:]), n, logits_last=True)
+        return n
+
     def reuse_prefix(self, tokens: Sequence[int], *, need_logits: bool = True) -> int:
         """Drop cache cells past the common prefix with `tokens`; return how many are reused.
 

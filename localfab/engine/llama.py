@@ -337,9 +337,7 @@ class Engine:
             raise ContextOverflow(len(tokens), self.n_ctx)
         self.check_tokens(tokens)
         with self._lock:
-            n = self._kv.reuse_prefix(tokens)
-            self._kv.decode(list(tokens[n:]), n, logits_last=True)
-            return n
+            return self._kv.evaluate(tokens)
 
     # --- speculative decoding (see `spec`) ---------------------------------------------------
 

@@ -16,11 +16,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from localfab.engine.batch import BatchDecoder, Slot
-from localfab.engine.types import Done, GenerationOptions, Timings
-from localfab.errors import ContextOverflow, LocalfabError
+from localfab.engine.types import Done
+from localfab.errors import LocalfabError
 from localfab.ledger import TokenClock
 from localfab.server.errors import api_error
-from localfab.server.worker import _STOP, Job, SlotView, _cancelled, _Run
+from localfab.server.worker import (
+    _STOP,
+    Job,
+    SlotView,
+    _cancelled,
+    _Run,
+    empty_result,
+    prompt_only,
+)
 
 if TYPE_CHECKING:
     from localfab.server.worker import EngineWorker
@@ -92,9 +100,8 @@ class SlotRunner:
                 self._answer(job, _cancelled(len(job.tokens)))
                 continue
             if not job.tokens:
-                # llama-server answers an empty prompt with an empty result.
                 self.waiting.remove(job)
-                self._answer(job, Done("", "length", "none", (), Timings(), 0))
+                self._answer(job, empty_result())
                 continue
             if not self.decoder.idle():
                 return
@@ -150,25 +157,10 @@ class SlotRunner:
         if window is not None and window.left_out["turns"] and kv.can_shift:
             # Turns were left out: move the kept ones' KV cells rather than process them.
             kv.align_to(job.tokens)
-        view = SlotView(
-            id_task=job.id,
-            processing=True,
-            n_prompt_tokens=len(job.tokens),
-            n_predict=job.n_predict,
-            params=job.params,
-            prompt=job.tokens,
-        )
+        view = SlotView.for_job(job)
         clock = TokenClock() if self.worker.ledger is not None else None
         run = _Run(job, kv.cached, clock=clock)
-        opts = GenerationOptions(
-            max_tokens=job.n_predict,
-            sampling=job.sampling,
-            stop=job.stop,
-            cancel=job.cancel,
-            on_context_full=self.worker.shifter(job),
-            n_probs=job.n_probs,
-            post_sampling_probs=job.post_sampling_probs,
-        )
+        opts = job.options(self.worker.shifter(job))
         if leader is None:
             self.decoder.start(slot, job.tokens, opts)
         else:
@@ -182,19 +174,10 @@ class SlotRunner:
 
     def _evaluate_only(self, job: Job, slot: Slot) -> None:
         """n_predict 0: put the prompt in the slot's cache, generate nothing."""
-        import time
-
-        kv = slot.kv
-        if len(job.tokens) >= kv.n_ctx:
-            raise ContextOverflow(len(job.tokens), kv.n_ctx)
-        t0 = time.perf_counter()
-        reuse = kv.reuse_prefix(job.tokens)
-        kv.decode(list(job.tokens[reuse:]), reuse, logits_last=True)
-        slot.last_used = time.perf_counter()
-        ms = (slot.last_used - t0) * 1e3
-        timings = Timings(cache_n=reuse, prompt_n=len(job.tokens) - reuse, prompt_ms=ms)
-        self.worker.metrics.record_step(-(-timings.prompt_n // max(kv.n_batch, 1)), 1)
-        self._answer(job, Done("", "length", "limit", (), timings, len(job.tokens)))
+        done = prompt_only(job, slot.kv.n_ctx, slot.kv.evaluate)
+        self.decoder.touch(slot)
+        self.worker.metrics.record(done, self.engine.n_batch)  # as the one-at-a-time path
+        self._answer(job, done)
 
     # --- one step ----------------------------------------------------------------------------
 

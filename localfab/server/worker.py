@@ -23,7 +23,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from localfab.energy import Energy, EnergyMeter, Measurement
-from localfab.engine.types import Done, SamplingParams, Timings, TokenEvent
+from localfab.engine.types import (
+    ContextFull,
+    Done,
+    GenerationOptions,
+    SamplingParams,
+    Timings,
+    TokenEvent,
+)
 from localfab.errors import ContextOverflow, LocalfabError
 from localfab.ledger import LedgerWriter, TokenClock, record_generation
 from localfab.server.chat_window import ChatWindow
@@ -94,6 +101,18 @@ class Job:
     # The slot the job ran on, filled in by the engine thread before its Done (for `id_slot`).
     placed: list[int] = field(default_factory=lambda: [0])
 
+    def options(self, on_context_full: ContextFull | None) -> GenerationOptions:
+        """What the engine generates for this job."""
+        return GenerationOptions(
+            max_tokens=self.n_predict,
+            sampling=self.sampling,
+            stop=self.stop,
+            cancel=self.cancel,
+            on_context_full=on_context_full,
+            n_probs=self.n_probs,
+            post_sampling_probs=self.post_sampling_probs,
+        )
+
 
 @dataclass
 class Metrics:
@@ -160,6 +179,18 @@ class SlotView:
     params: dict[str, Any] = field(default_factory=dict)
     prompt: Sequence[int] = ()
     generated: str = ""
+
+    @classmethod
+    def for_job(cls, job: Job) -> SlotView:
+        """The view of a slot that starts running `job`."""
+        return cls(
+            id_task=job.id,
+            processing=True,
+            n_prompt_tokens=len(job.tokens),
+            n_predict=job.n_predict,
+            params=job.params,
+            prompt=job.tokens,
+        )
 
 
 _STOP = object()
@@ -319,14 +350,7 @@ class EngineWorker:
         if job.cancel.is_set() or self._stopping:
             job.emit(_cancelled(len(job.tokens)))
             return
-        slot = SlotView(
-            id_task=job.id,
-            processing=True,
-            n_prompt_tokens=len(job.tokens),
-            n_predict=job.n_predict,
-            params=job.params,
-            prompt=job.tokens,
-        )
+        slot = SlotView.for_job(job)
         self.slots[0] = slot
         if not job.cache_prompt:
             engine.clear_cache()
@@ -369,10 +393,9 @@ class EngineWorker:
         assert self.model is not None
         engine = self.model.engine
         if not job.tokens:
-            # llama-server answers an empty prompt with an empty result.
-            return Done("", "length", "none", (), Timings(), 0)
+            return empty_result()
         if job.n_predict == 0:
-            return self._evaluate_only(job)
+            return prompt_only(job, engine.n_ctx, engine.evaluate)
         if job.window is not None and job.window.left_out["turns"] and engine.can_shift:
             # Turns were left out: move the kept ones' KV cells rather than process them.
             engine.shift_to(job.tokens)
@@ -382,16 +405,7 @@ class EngineWorker:
         with measurement or contextlib.nullcontext():
             run.prefill(engine.evaluate, engine.n_batch)
             done: Done | None = None
-            for event in engine.stream(
-                job.tokens,
-                max_tokens=job.n_predict,
-                sampling=job.sampling,
-                stop=job.stop,
-                cancel=job.cancel,
-                on_context_full=self.shifter(job),
-                n_probs=job.n_probs,
-                post_sampling_probs=job.post_sampling_probs,
-            ):
+            for event in engine.stream(job.tokens, job.options(self.shifter(job))):
                 if isinstance(event, Done):
                     done = event
                     break
@@ -414,18 +428,6 @@ class EngineWorker:
         if self._meter is None:
             self._meter = EnergyMeter.for_this_machine()
         return self._meter.measure()
-
-    def _evaluate_only(self, job: Job) -> Done:
-        """n_predict 0: put the prompt in the cache, generate nothing (llama-server's meaning)."""
-        assert self.model is not None
-        engine = self.model.engine
-        if len(job.tokens) >= engine.n_ctx:
-            raise ContextOverflow(len(job.tokens), engine.n_ctx)
-        t0 = time.perf_counter()
-        reuse = engine.evaluate(job.tokens)
-        ms = (time.perf_counter() - t0) * 1e3
-        timings = Timings(cache_n=reuse, prompt_n=len(job.tokens) - reuse, prompt_ms=ms)
-        return Done("", "length", "limit", (), timings, len(job.tokens))
 
     def shifter(self, job: Job) -> Callable[[list[int]], list[int] | None] | None:
         """How a reply that fills the window goes on; None: it stops there.
@@ -456,6 +458,22 @@ class EngineWorker:
             return halve(job.tokens, generated)
 
         return shift if self.context_shift else None
+
+
+def empty_result() -> Done:
+    """llama-server answers an empty prompt with an empty result."""
+    return Done("", "length", "none", (), Timings(), 0)
+
+
+def prompt_only(job: Job, n_ctx: int, evaluate: Callable[[Sequence[int]], int]) -> Done:
+    """n_predict 0: put the prompt in the cache, generate nothing (llama-server's meaning)."""
+    if len(job.tokens) >= n_ctx:
+        raise ContextOverflow(len(job.tokens), n_ctx)
+    t0 = time.perf_counter()
+    reuse = evaluate(job.tokens)
+    ms = (time.perf_counter() - t0) * 1e3
+    timings = Timings(cache_n=reuse, prompt_n=len(job.tokens) - reuse, prompt_ms=ms)
+    return Done("", "length", "limit", (), timings, len(job.tokens))
 
 
 def _cancelled(n_prompt: int) -> Done:
