@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-# Two likeliest tokens closer than this (in logprob) are a near-tie.
-NEAR_TIE = 0.1
+# Two likeliest tokens closer than this (in logprob) are a near-tie. Measured on the test model
+# with plain greedy decoding (no speculation): replies started a few steps apart, so that one
+# reply's tokens shared a batch with another's prompt chunk, parted from their alone text at
+# margins of 0.18 and 0.31, at points where the model was unsure what follows a copied text.
+# A reply given another slot's cells or logits parts at a clear choice (margins well over 1).
+NEAR_TIE = 0.5
 
 
 def assert_follows(alone: dict[str, Any], text: str) -> None:

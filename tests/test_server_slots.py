@@ -15,7 +15,7 @@ import pytest
 
 from localfab.server import ServerSettings, create_app
 from localfab.server.runner import BackgroundServer
-from tests.greedy import NEAR_TIE
+from tests.greedy import NEAR_TIE, assert_follows
 
 pytestmark = pytest.mark.model
 
@@ -43,9 +43,11 @@ def _serve(model_path: Path, n_ctx: int = N_CTX, **settings: Any) -> tuple[Any, 
     from localfab.runtime import load_model
 
     unified = settings.pop("kv_unified", False)
+    speculative = settings.pop("speculative", None)
     loaded = load_model(
         model_path,
         EngineSettings(n_ctx=n_ctx, n_batch=512, n_seq_max=N_SLOTS, kv_unified=unified),
+        speculative=speculative,
     )
     server = BackgroundServer(
         create_app(loaded, ServerSettings(n_parallel=N_SLOTS, metrics=True, slots=True, **settings))
@@ -396,3 +398,58 @@ def test_a_prompt_only_request_is_counted_in_the_metrics(url: str) -> None:
     n = res["timings"]["prompt_n"]
     assert n > 0
     assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == n
+
+
+REWRITE = (
+    "<start_of_turn>user\nRewrite the following text exactly:\n\n{}<end_of_turn>\n"
+    "<start_of_turn>model\n"
+)
+TEXTS = [
+    "The old lighthouse stood on the rocky point for more than a century. Its keeper climbed "
+    "the spiral stairs every evening to light the lamp.",
+    "Ships passing in the night relied on its steady beam to avoid the dangerous reef below, "
+    "and in winter the storms were fierce.",
+    "The market opens at dawn. Farmers bring apples, pears and fresh bread from the valley, "
+    "and the square fills with voices.",
+    "Every spring the river floods the low fields, and the children of the village build "
+    "small boats from bark and leaves.",
+]
+
+
+def test_slots_speculate_each_reply_and_count_the_drafts(model_path: Path) -> None:
+    """With -np 4 and n-gram speculation every slot drafts from its own reply: 4 rewrites at
+    once each follow their alone text, report draft_n, and /metrics and /slots show it."""
+    from localfab.engine.types import SpecSettings
+
+    loaded, server = _serve(model_path, speculative=SpecSettings(spec_type="ngram-simple"))
+    try:
+        url = server.url
+        prompts = [REWRITE.format(t) for t in TEXTS]
+        alone = [complete(url, p, n=48, cache_prompt=False, n_probs=2) for p in prompts]
+        results: list[dict[str, Any]] = [{} for _ in prompts]
+
+        def go(i: int) -> None:
+            results[i] = complete(url, prompts[i], n=48, cache_prompt=False)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        drafted = accepted = 0
+        for one, together in zip(alone, results, strict=True):
+            assert_follows(one, together["content"])
+            # Each reply copies its prompt: every slot drafted, and most drafts were kept.
+            assert one["timings"]["draft_n_accepted"] > 0
+            t = together["timings"]
+            assert t["draft_n_accepted"] > 0.5 * t["draft_n"] > 0
+            drafted += t["draft_n"]
+            accepted += t["draft_n_accepted"]
+        m = metrics(url)
+        assert m["spec_decode_num_draft_tokens_total"] >= drafted > 0
+        assert m["spec_decode_num_accepted_tokens_total"] >= accepted
+        assert m["spec_decode_num_drafts_total"] > 0
+        assert all(s["speculative"] for s in slots(url))
+    finally:
+        server.stop()
+        loaded.close()

@@ -276,13 +276,6 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
     path = choice.path
 
     speculative = options["speculative"]
-    if settings.n_parallel > 1 and speculative is not None and speculative.enabled:
-        click.echo(
-            "localfab: note: speculative decoding runs with one slot; with -np "
-            f"{settings.n_parallel} the slots decode together without it",
-            err=True,
-        )
-        speculative = None
 
     def loader() -> Any:
         loaded = choice.open(

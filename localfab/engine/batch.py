@@ -26,6 +26,7 @@ import numpy as np
 from localfab.engine import generation
 from localfab.engine.kvcache import KVCache
 from localfab.engine.sampling import GuardedSampler
+from localfab.engine.spec import Drafter, ModelDraft, NgramDraft, SpecCosts, Tuner
 from localfab.engine.text import StopMatcher, Utf8Stream
 from localfab.engine.types import (
     Done,
@@ -38,12 +39,27 @@ from localfab.errors import ContextOverflow, LocalfabError
 
 if TYPE_CHECKING:
     from localfab.engine.llama import Engine
+    from localfab.engine.spec import Speculator
 
 __all__ = ["BatchDecoder", "Slot", "SlotEvents"]
 
 # A cached prefix this share of the new prompt (or more) sends it to that slot; below it the
 # least recently used idle slot is taken (llama-server's --slot-prompt-similarity default).
 PROMPT_SIMILARITY = 0.1
+
+
+@dataclass(eq=False)
+class _Spec:
+    """A reply's speculation on its slot: the drafter, the tuner and what was drafted."""
+
+    drafter: Drafter
+    tuner: Tuner
+    n_pushed: int = 0  # generated tokens the drafter has seen
+    drafts: list[int] = field(default_factory=list)  # in this step's batch after the pending
+    guess: int = -1  # a free one-token guess made while not drafting (-1: none)
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+    draft_verifies: int = 0
 
 
 @dataclass(eq=False)
@@ -64,6 +80,7 @@ class _Reply:
     pending: int = -1  # the sampled token the next step decodes; -1 while the prompt runs
     leader: Slot | None = None  # a follower's: the slot whose prompt cells it copies
     eog: np.ndarray[Any, np.dtype[Any]] | None = None
+    spec: _Spec | None = None  # speculative decoding, when the engine has it on
 
 
 @dataclass(eq=False)
@@ -120,8 +137,22 @@ class BatchDecoder:
         # their next tokens wait for one micro-batch of prompt, not for the whole prompt.
         self.n_ubatch = min(int(lc.llama_n_ubatch(engine._ctx)), self.n_batch)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._draft_s = 0.0  # seconds spent drafting for the step being built
         self.n_decode = 0  # llama_decode calls made
         self.n_busy = 0  # busy slots summed over those calls
+        # Speculative decoding per slot, when the engine has it on: each reply drafts from its
+        # own history (or in its own sequence of the draft model) and verifies in the step.
+        self.speculator: Speculator | None = engine._speculator
+        self.spec_costs = SpecCosts()  # what a step costs, with and without drafts
+        self._draft_kv: dict[int, KVCache] = {}  # the draft model's sequence of each slot
+        draft = self.speculator.draft_engine if self.speculator is not None else None
+        if draft is not None:
+            self._draft_kv[0] = draft._kv
+            for i in range(1, min(n, draft.n_seq_max)):
+                self._draft_kv[i] = KVCache(
+                    draft._ctx, draft.n_ctx, draft.n_batch, draft.n_vocab, seq=i, shared=True
+                )
+                self._draft_kv[i].clear()
 
     def close(self) -> None:
         """Free the batch and every slot's buffers but slot 0's (the engine's own)."""
@@ -131,6 +162,10 @@ class BatchDecoder:
             slot.reply = None
         for slot in self.slots[1:]:
             slot.kv.free()
+        for i, kv in self._draft_kv.items():
+            if i:
+                kv.free()
+        self._draft_kv.clear()
         if self._batch is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
@@ -196,8 +231,28 @@ class BatchDecoder:
             reply.utf8.feed(opts.carry)
         if sampler is None and opts.sampling.ignore_eos:
             reply.eog = np.array(engine.eog_tokens())
+        reply.spec = self._new_spec(slot, opts, prompt)
         slot.reply = reply
         slot.last_used = reply.t_start
+
+    def _new_spec(self, slot: Slot, opts: GenerationOptions, prompt: list[int]) -> _Spec | None:
+        """The reply's speculation: none when the engine has it off, for a reply that reports
+        post-sampling probabilities (as `Engine.stream`), or for a slot beyond the draft
+        model's sequences."""
+        sp = self.speculator
+        if sp is None or generation.post_sampling(opts):
+            return None
+        drafter: Drafter
+        if sp.draft_engine is None:
+            drafter = NgramDraft()
+        elif slot.id in self._draft_kv:
+            drafter = ModelDraft(sp.draft_engine, sp.settings.draft_p_min, self._draft_kv[slot.id])
+        else:
+            return None
+        drafter.reset(prompt)
+        s = sp.settings
+        tuner = Tuner(self.spec_costs, adaptive=s.adaptive, k_max=s.draft_max, cheap=drafter.cheap)
+        return _Spec(drafter, tuner)
 
     def follow(self, slot: Slot, leader: Slot, opts: GenerationOptions) -> None:
         """Begin a reply on `slot` with `leader`'s prompt, evaluated once: the leader's cells
@@ -243,9 +298,21 @@ class BatchDecoder:
                 if not shifted:
                     out.append(SlotEvents(slot, tuple(self._end(slot, "length", "context"))))
                     continue
-            self._put(batch, n, r.pending, len(kv.cached), slot.id, True)
+                if r.spec is not None:
+                    r.spec.drafter.rebase([*kv.cached, r.pending])
+            pos = len(kv.cached)
+            self._put(batch, n, r.pending, pos, slot.id, True)
             rows.append((slot, n))
             n += 1
+            if r.spec is not None:
+                # Drafted tokens follow the pending one, each with its logits (the verify);
+                # room is kept for one token of every other slot.
+                t0 = time.perf_counter()
+                drafts = self._draft(slot, r, r.spec, self.n_batch - n - len(self.slots))
+                self._draft_s += time.perf_counter() - t0
+                for j, tok in enumerate(drafts):
+                    self._put(batch, n + j, tok, pos + 1 + j, slot.id, True)
+                n += len(drafts)
         # While replies are generating, prompts get one micro-batch per step (chunked prefill).
         limit = self.n_ubatch + n if n else self.n_batch
         for slot in self.slots:
@@ -271,6 +338,28 @@ class BatchDecoder:
         batch.n_tokens = n
         return rows, chunks
 
+    def _draft(self, slot: Slot, r: _Reply, sp: _Spec, room: int) -> list[int]:
+        """The tokens to verify after the slot's pending one (as `Speculator._run` drafts)."""
+        assert self.speculator is not None
+        s = self.speculator.settings
+        for tok in r.generated[sp.n_pushed :]:
+            sp.drafter.push(tok)
+        sp.n_pushed = len(r.generated)
+        kv = slot.kv
+        room = min(room, kv.n_ctx - len(kv.cached) - 1, self.speculator.max_batch - 1)
+        if r.opts.max_tokens > 0:
+            room = min(room, r.opts.max_tokens - len(r.generated) - 1)
+        k = sp.tuner.length(min(room, s.draft_max))
+        drafts = sp.drafter.draft(k) if k > 0 else []
+        if len(drafts) < max(s.draft_min, 1):
+            drafts = []
+        sp.guess = -1
+        if not drafts and sp.drafter.cheap and s.adaptive:
+            guess = sp.drafter.draft(1)
+            sp.guess = guess[0] if guess else -1
+        sp.drafts = drafts
+        return drafts
+
     @staticmethod
     def _put(batch: Any, i: int, tok: int, pos: int, seq: int, logits: bool) -> None:
         batch.token[i] = tok
@@ -286,12 +375,23 @@ class BatchDecoder:
         n_tokens = batch.n_tokens
         busy = [s for s in self.slots if s.reply is not None]
         before = {s.id: len(s.kv.cached) for s in busy}
+        t0 = time.perf_counter()
         rc = lc.llama_decode(self.engine._ctx, batch)
+        seconds = time.perf_counter() - t0 + self._draft_s
+        self._draft_s = 0.0
         self.n_decode += 1
         self.n_busy += len(busy)
         if rc != 0:
             self._failed(rc, busy, before, out)
             return
+        if self.speculator is not None and not chunks:
+            # What a step costs, for the tuners: with no prompt in it, the generating slots'
+            # tokens and whatever they drafted.
+            n_draft = sum(len(s.reply.spec.drafts) for s, _ in rows if s.reply and s.reply.spec)
+            if n_draft:
+                self.spec_costs.took_verify(seconds, n_draft)
+            else:
+                self.spec_costs.took_one(seconds)
         # The cache mirrors: what each slot's sequence gained in this batch.
         seq_id, token = batch.seq_id, batch.token
         slots = self.slots
@@ -305,7 +405,11 @@ class BatchDecoder:
             followers = self._followers(slot)  # before sampling: the leader may end at once
             for follower in followers:
                 follower.kv.copy_from(slot.kv)
-            out.append(self._sample_or_fail(slot, logits, row))
+            r = slot.reply
+            if r is not None and r.spec is not None:
+                out.append(self._verify(slot, r, r.spec, row, before[slot.id]))
+            else:
+                out.append(self._sample_or_fail(slot, logits, row))
             for follower in followers:
                 out.append(self._sample_or_fail(follower, logits, row))
 
@@ -320,6 +424,44 @@ class BatchDecoder:
             if slot.reply is not None:
                 self._release(slot)
             return SlotEvents(slot, error=exc)
+
+    def _verify(self, slot: Slot, r: _Reply, sp: _Spec, row: int, n0: int) -> SlotEvents:
+        """Sample at the pending token's row and at each drafted token's while the draft holds
+        (as `Speculator._verify`); the cells of the drafted tokens not kept leave the cache.
+        Without a draft this is the plain sample, and a free guess is scored."""
+        drafts, sp.drafts = sp.drafts, []
+        sp.draft_n += len(drafts)
+        sp.draft_verifies += bool(drafts)
+        events: list[TokenEvent | Done] = []
+        i = 0
+        kept = 0
+        try:
+            while True:
+                events += self._sample(slot, self._row(row + i), row + i)
+                if slot.reply is None:  # ended: eos, a stop string, cancel or max_tokens
+                    break
+                tok = r.generated[-1]
+                if not drafts and sp.guess >= 0:
+                    sp.tuner.guess(sp.guess == tok)
+                if i >= len(drafts) or tok != drafts[i]:
+                    break
+                kept += 1
+                sp.draft_n_accepted += 1
+                i += 1
+        except LocalfabError as exc:  # a grammar at a dead end: this reply ends, not the others
+            if slot.reply is not None:
+                self._release(slot)
+            return SlotEvents(slot, error=exc)
+        finally:
+            # The pending token and the drafted tokens taken before the last position stay;
+            # the token sampled last is decoded by the next step, as in the plain loop.
+            if drafts:
+                slot.kv.truncate(n0 + 1 + i)
+        if drafts:
+            sp.tuner.accepted(len(drafts), kept)
+        else:
+            sp.tuner.idle()
+        return SlotEvents(slot, tuple(events))
 
     def _followers(self, leader: Slot) -> list[Slot]:
         """The slots waiting for `leader`'s prompt, now theirs as well."""
@@ -445,6 +587,11 @@ class BatchDecoder:
             stops=r.stops,
             t_start=r.t_start,
             t_first=r.t_first,
+            drafted=(
+                (r.spec.draft_n, r.spec.draft_n_accepted, r.spec.draft_verifies)
+                if r.spec
+                else (0, 0, 0)
+            ),
         )
 
     def _cancelled(self, slot: Slot) -> list[TokenEvent | Done]:

@@ -204,7 +204,7 @@ def _finish(
     stops: StopMatcher,
     t_start: float,
     t_first: float,
-    drafted: tuple[int, int] = (0, 0),
+    drafted: tuple[int, int, int] = (0, 0, 0),
 ) -> list[TokenEvent | Done]:
     """The held-back tail of the text (if any) and the Done that closes the stream."""
     events: list[TokenEvent | Done] = []
@@ -227,6 +227,7 @@ def _finish(
         ttft_ms=(t_first - t_start) * 1e3,
         draft_n=drafted[0],
         draft_n_accepted=drafted[1],
+        draft_verifies=drafted[2],
     )
     done = Done(
         text="".join(parts),
@@ -273,7 +274,7 @@ def stream(
                 stops=stops,
                 t_start=t_start,
                 t_first=reply.t_first,
-                drafted=(reply.draft_n, reply.draft_n_accepted),
+                drafted=(reply.draft_n, reply.draft_n_accepted, reply.draft_verifies),
             )
             return
         generated: list[int] = []

@@ -124,9 +124,11 @@ class ModelDraft:
 
     cheap = False
 
-    def __init__(self, engine: Engine, p_min: float) -> None:
+    def __init__(self, engine: Engine, p_min: float, kv: KVCache | None = None) -> None:
+        """Drafts with `engine` in `kv` (default: its own sequence; a server slot passes the
+        draft context's sequence of the same number)."""
         self.engine = engine
-        self.kv: KVCache = engine._kv
+        self.kv: KVCache = engine._kv if kv is None else kv
         self.p_min = p_min
         self.tokens: list[int] = []
 
@@ -177,6 +179,18 @@ class SpecCosts:
     one: float = 0.0  # one token
     per_draft: float = 0.0  # what a verify adds per drafted token
 
+    def took_one(self, seconds: float) -> None:
+        """A plain decode took `seconds`."""
+        self.one = seconds if self.one <= 0.0 else self.one + _EMA * (seconds - self.one)
+
+    def took_verify(self, seconds: float, n_draft: int) -> None:
+        """A decode that verified `n_draft` drafted tokens took `seconds` (drafting included)."""
+        if self.one > 0.0:
+            per = max(0.0, seconds - self.one) / n_draft
+            self.per_draft = (
+                per if self.per_draft <= 0.0 else self.per_draft + _EMA * (per - self.per_draft)
+            )
+
 
 _EMA = 0.2  # weight of the newest measurement
 _PRIOR = 0.6  # acceptance assumed before any is measured
@@ -222,8 +236,12 @@ class Tuner:
         return best_k
 
     def plain(self, seconds: float) -> None:
-        c = self.costs
-        c.one = seconds if c.one <= 0.0 else c.one + _EMA * (seconds - c.one)
+        """A plain decode (no draft) took `seconds`."""
+        self.costs.took_one(seconds)
+        self.idle()
+
+    def idle(self) -> None:
+        """A token was decoded without a draft."""
         self._best = -1
         if not self.cheap:
             # Without free guesses, try drafting again now and then.
@@ -233,10 +251,12 @@ class Tuner:
                 self.accept = max(self.accept, _PRIOR)
 
     def verify(self, n_draft: int, n_kept: int, seconds: float) -> None:
-        c = self.costs
-        if c.one > 0.0:
-            per = max(0.0, seconds - c.one) / n_draft
-            c.per_draft = per if c.per_draft <= 0.0 else c.per_draft + _EMA * (per - c.per_draft)
+        """A verify of `n_draft` tokens kept `n_kept` and took `seconds`."""
+        self.costs.took_verify(seconds, n_draft)
+        self.accepted(n_draft, n_kept)
+
+    def accepted(self, n_draft: int, n_kept: int) -> None:
+        """A verify of `n_draft` drafted tokens kept `n_kept` of them."""
         # A run that ends early says the next token is where drafts go wrong: one weight per
         # drafted token seen, the rejected one included.
         seen = min(n_kept + 1, n_draft)
@@ -274,6 +294,7 @@ class _Reply:
         self.t_first = 0.0
         self.draft_n = 0
         self.draft_n_accepted = 0
+        self.draft_verifies = 0
         self.eog: np.ndarray[Any, np.dtype[Any]] | None = None
         if sampler is None and opts.sampling.ignore_eos:
             self.eog = np.array(engine.eog_tokens())
@@ -463,6 +484,7 @@ class Speculator:
         seconds = time.perf_counter() - t_draft
         n_draft = len(drafts)
         reply.draft_n += n_draft
+        reply.draft_verifies += 1
         i = 0
         kept = 0
         stop = False
@@ -498,7 +520,10 @@ def load_draft(path: str, target: Engine, n_gpu_layers: int | None) -> Engine:
 
     s = target.settings
     settings = EngineSettings(
-        n_ctx=target.n_ctx,
+        # As many sequences as the model (a server's slots each draft in their own).
+        n_ctx=target.n_ctx_total,
+        n_seq_max=target.n_seq_max,
+        kv_unified=s.kv_unified,
         n_gpu_layers=s.n_gpu_layers if n_gpu_layers is None else n_gpu_layers,
         n_threads=target.n_threads,
         n_threads_batch=target.n_threads_batch,

@@ -177,6 +177,7 @@ class Timings:
     # Speculative decoding: tokens drafted, and how many of them the model kept.
     draft_n: int = 0
     draft_n_accepted: int = 0
+    draft_verifies: int = 0  # decodes that verified a draft (for /metrics; not in timings)
 
     @property
     def draft_acceptance(self) -> float:

@@ -130,7 +130,7 @@ class Server:
         data: dict[str, Any] = {
             "id": i,
             "n_ctx": self.slot_n_ctx,
-            "speculative": False,
+            "speculative": self.model.engine.speculation is not None,
             "is_processing": slot.processing,
         }
         if slot.id_task < 0:

@@ -31,11 +31,12 @@ def render(m: Metrics, *, n_processing: int, n_deferred: int) -> str:
          "decoding and multimodal decoding", m.n_decode_total),
         ("n_tokens_max", "Largest observed sequence length (prompt + generation)",
          m.n_tokens_max),
-        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", 0),
+        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+         m.draft_tokens_total),
         ("spec_decode_num_accepted_tokens_total",
-         "Speculative: Total draft tokens accepted by the target model", 0),
+         "Speculative: Total draft tokens accepted by the target model", m.draft_accepted_total),
         ("spec_decode_num_drafts_total",
-         "Speculative: Total speculative decoding verification steps", 0),
+         "Speculative: Total speculative decoding verification steps", m.draft_verifies_total),
     ]  # fmt: skip
     gauges = [
         ("prompt_tokens_seconds", "Average prompt throughput in tokens/s",

@@ -127,6 +127,9 @@ class Metrics:
     n_decode_total: int = 0
     n_busy_slots_total: int = 0  # busy slots summed over llama_decode() calls
     n_tokens_max: int = 0
+    draft_tokens_total: int = 0
+    draft_accepted_total: int = 0
+    draft_verifies_total: int = 0
     # Since the last scrape (llama-server's "bucket" gauges). Generation rates count decode
     # steps: the first token of a reply comes with the prompt's last batch, so it is left out.
     bucket_prompt_n: int = 0
@@ -149,6 +152,9 @@ class Metrics:
             n_decode = -(-t.prompt_n // max(n_batch, 1)) + steps
             self.record_step(n_decode, n_decode)  # one sequence decodes at a time
         self.n_tokens_max = max(self.n_tokens_max, done.prompt_tokens + t.predicted_n)
+        self.draft_tokens_total += t.draft_n
+        self.draft_accepted_total += t.draft_n_accepted
+        self.draft_verifies_total += t.draft_verifies
         self.bucket_prompt_n += t.prompt_n
         self.bucket_prompt_s += t.prompt_ms / 1e3
         self.bucket_predicted_steps += steps
