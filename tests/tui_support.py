@@ -13,6 +13,7 @@ from localfab.tui.backend import ChatOptions, LocalBackend
 from localfab.tui.fake import FakeEngine, fake_loader
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.widgets.messages import MessageView
+from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.sessions import SessionsPanel  # noqa: F401
 
 # A fixed "now" for the sessions panel in snapshots (2026-01-01).
@@ -76,11 +77,13 @@ async def loaded(pilot: Pilot[None], app: LocalfabApp) -> ChatScreen:
 
 
 async def send(pilot: Pilot[None], app: LocalfabApp, text: str) -> None:
-    """Type `text` into the prompt box and press Enter."""
+    """Put `text` in the prompt box at the cursor, as a paste does, and press Enter. (Typing is
+    tested key by key where keys are the point; a press per character costs a frame each.)"""
     chat = app.chat
-    chat.query_one("#prompt").focus()
+    box = chat.query_one(PromptBox)
+    box.focus()
     done = chat.replies_finished
-    await pilot.press(*("space" if c == " " else c for c in text))
+    box.insert(text)
     await pilot.press("enter")
     await wait_for(pilot, lambda: chat.streaming or chat.replies_finished > done)
 
