@@ -6,7 +6,8 @@ machine hits every contender alike), medians over --runs:
 - rewrite: a text of ~300 words to copy with small edits. localfab without speculation, with
   ngram-simple, and llama-server (same llama.cpp build) with --spec-type ngram-simple,
   ngram-map-k, ngram-mod and ngram-cache. Decode tok/s, acceptance, and whether localfab's
-  speculative text is its plain text; also localfab with --no-spec-exact and 48-token drafts,
+  speculative text is its plain text (and each llama-server mode's text llama-server's own
+  plain text, --spec-type none); also localfab with --no-spec-exact and 48-token drafts,
   as llama-server drafts.
 - free: free-form text with no overlap with the prompt (sampled at temperature 0.8 with one
   seed per run, the same for both, as a small model loops when greedy): localfab with
@@ -17,8 +18,12 @@ machine hits every contender alike), medians over --runs:
 Decode tok/s is the engine's own figure (predicted_n / predicted_ms, llama-server's
 `timings.predicted_per_second` for llama-server). Run it on a quiet machine.
 
+With `--slots N` it measures speculation on parallel slots instead: N rewrites (each with
+another name) sent at once to `localfab serve -np N` with and without ngram-simple and to
+llama-server -np N (none, ngram-simple, ngram-map-k); the median aggregate tok/s of each.
+
 Usage: python scripts/bench.py spec [--model GGUF] [--llama-server PATH] [--runs 3]
-       [--tokens 400] [--threads N] [--json]
+       [--tokens 400] [--threads N] [--json] [--slots N]
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,22 +105,41 @@ def _free_port() -> int:
 
 
 @contextmanager
-def llama_server(binary: str, model: str, spec_type: str, threads: int) -> Iterator[str]:
+def llama_server(
+    binary: str, model: str, spec_type: str, threads: int, slots: int = 1
+) -> Iterator[str]:
     """llama-server with one speculative type, on a free port; its URL while it runs."""
     port = _free_port()
     cmd = [
-        binary, "-m", model, "--port", str(port), "-c", "4096", "-np", "1",
+        binary, "-m", model, "--port", str(port), "-c", str(4096 * slots), "-np", str(slots),
         "-t", str(threads), "--spec-type", spec_type, "--no-webui",
     ]  # fmt: skip
+    with serving(cmd, port, f"llama-server --spec-type {spec_type}") as url:
+        yield url
+
+
+@contextmanager
+def localfab_server(model: str, spec_type: str, threads: int, slots: int) -> Iterator[str]:
+    """`localfab serve` with `slots` parallel slots and one speculative type."""
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "localfab", "serve", "-m", model, "--port", str(port),
+        "-c", str(4096 * slots), "-np", str(slots), "-t", str(threads), "--spec-type", spec_type,
+    ]  # fmt: skip
+    with serving(cmd, port, f"localfab serve --spec-type {spec_type}") as url:
+        yield url
+
+
+@contextmanager
+def serving(cmd: list[str], port: int, what: str) -> Iterator[str]:
+    """Run a server command until it answers /health; its URL while it runs."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(
-                    f"llama-server --spec-type {spec_type} exited ({proc.returncode})"
-                )
+                raise RuntimeError(f"{what} exited ({proc.returncode})")
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
@@ -121,7 +147,7 @@ def llama_server(binary: str, model: str, spec_type: str, threads: int) -> Itera
                 pass
             time.sleep(0.2)
         else:
-            raise RuntimeError("llama-server never became healthy")
+            raise RuntimeError(f"{what} never became healthy")
         yield url
     finally:
         proc.terminate()
@@ -239,7 +265,7 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     for engine in engines.values():
         engine.close()
     if Path(args.llama_server).exists():
-        for spec_type in SERVER_TYPES:
+        for spec_type in ("none", *SERVER_TYPES):  # none: llama-server's own plain text
             try:
                 with llama_server(args.llama_server, args.model, spec_type, args.threads) as url:
                     for _ in range(args.runs):
@@ -253,11 +279,89 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+NAMES = ("Peter", "Anna", "Marek", "Lucia", "Tomas", "Ines", "Karl", "Mina")
+
+
+def slots_round(url: str, n_tokens: int, clients: int) -> tuple[float, list[Result]]:
+    """`clients` rewrite requests at once (each another name): aggregate tok/s, the replies."""
+    prompts = [REWRITE.replace("Peter", NAMES[i % len(NAMES)]) for i in range(clients)]
+    out: list[Result | None] = [None] * clients
+
+    def go(i: int) -> None:
+        out[i] = server_reply(url, str(i), prompts[i], n_tokens)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    done = [r for r in out if r is not None]
+    return sum(r.tokens for r in done) / wall, done
+
+
+def cmd_slots(args: argparse.Namespace) -> dict[str, Any]:
+    """Speculation on parallel slots: `--slots` rewrites at once against each server, rounds
+    alternating; the median aggregate tok/s (all tokens over the round's wall time)."""
+    contenders: dict[str, Callable[[], AbstractContextManager[str]]] = {
+        "localfab -np N": partial(localfab_server, args.model, "none", args.threads, args.slots),
+        "localfab -np N ngram-simple": partial(
+            localfab_server, args.model, "ngram-simple", args.threads, args.slots
+        ),
+    }
+    if Path(args.llama_server).exists():
+        for spec_type in ("none", "ngram-simple", "ngram-map-k"):
+            contenders[f"llama-server -np N {spec_type}"] = partial(
+                llama_server, args.llama_server, args.model, spec_type, args.threads, args.slots
+            )
+    rates: dict[str, list[float]] = {}
+    texts: dict[str, list[str]] = {}
+    drafted: dict[str, tuple[int, int]] = {}
+    with ExitStack() as stack:  # all servers up (idle ones take no CPU), rounds alternating
+        urls = {name: stack.enter_context(start()) for name, start in contenders.items()}
+        for url in urls.values():
+            slots_round(url, 16, args.slots)  # warm-up
+        for _ in range(args.runs):
+            for name, url in urls.items():
+                rate, replies = slots_round(url, args.tokens, args.slots)
+                rates.setdefault(name, []).append(rate)
+                texts[name] = [r.text for r in replies]
+                d = drafted.get(name, (0, 0))
+                drafted[name] = (
+                    d[0] + sum(r.draft_n for r in replies),
+                    d[1] + sum(r.draft_n_accepted for r in replies),
+                )
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    base = med["localfab -np N"]
+    report = {
+        "slots": args.slots,
+        "agg_tok_s": med,
+        "acceptance": {k: (a / n if n else 0.0) for k, (n, a) in drafted.items()},
+        "localfab_spec_speedup": med["localfab -np N ngram-simple"] / base,
+        "localfab_spec_same_text": texts["localfab -np N ngram-simple"] == texts["localfab -np N"],
+    }
+    servers = {k: v for k, v in med.items() if k.startswith("llama-server") and "none" not in k}
+    if servers:
+        best = max(servers, key=lambda k: servers[k])
+        report["best_llama_server"] = best
+        report["localfab_spec_vs_best_llama_server"] = (
+            med["localfab -np N ngram-simple"] / servers[best]
+        )
+    print(json.dumps(report, indent=2))
+    return report
+
+
 def _report(m: dict[str, Result]) -> dict[str, Any]:
     base = m["rewrite: localfab"]
     spec = m["rewrite: localfab ngram-simple"]
     loose = m["rewrite: localfab ngram-simple no-exact"]
-    servers = {k: v for k, v in m.items() if k.startswith("rewrite: llama-server")}
+    servers = {
+        k: v
+        for k, v in m.items()
+        if k.startswith("rewrite: llama-server") and not k.endswith(" none")
+    }
+    server_plain = m.get("rewrite: llama-server none")
     best_server = max(servers.values(), key=lambda r: r.decode_tok_s, default=None)
     first_diff = next(
         (i for i, (a, b) in enumerate(zip(base.text, spec.text, strict=False)) if a != b),
@@ -280,6 +384,13 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
             spec.decode_tok_s / best_server.decode_tok_s if best_server else None
         ),
         "best_llama_server": best_server.name if best_server else None,
+        # Whether llama-server's speculation gives llama-server's own plain text (the same
+        # question asked of localfab by rewrite_identical_text).
+        "llama_server_identical_text": (
+            {k.split(": ", 1)[1]: v.text == server_plain.text for k, v in servers.items()}
+            if server_plain
+            else None
+        ),
         "free_ratio": free_spec.decode_tok_s / free_base.decode_tok_s,
         "draft_acceptance": draft_spec.acceptance,
         "draft_speedup": draft_spec.decode_tok_s / draft_base.decode_tok_s,
@@ -303,6 +414,7 @@ def _render(report: dict[str, Any]) -> str:
         "rewrite_no_exact_identical_text",
         "rewrite_no_exact_vs_best_llama_server",
         "best_llama_server",
+        "llama_server_identical_text",
         "free_ratio",
         "draft_acceptance",
         "draft_speedup",
@@ -322,6 +434,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=400, help="tokens per reply")
     p.add_argument("--threads", type=int, default=0, help="0: physical cores")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=0,
+        help="instead: N rewrites at once on N parallel slots, localfab serve and llama-server",
+    )
     return p
 
 
@@ -331,7 +449,10 @@ def main(argv: list[str] | None = None) -> None:
         from localfab.engine import physical_cores
 
         args.threads = physical_cores()
-    cmd_spec(args)
+    if args.slots > 0:
+        cmd_slots(args)
+    else:
+        cmd_spec(args)
 
 
 if __name__ == "__main__":

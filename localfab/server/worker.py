@@ -510,6 +510,7 @@ class _Run:
         self.has_new_line = False
         self.timed_out = False
         self.parts: list[str] = []
+        self.live_ms = 0.0  # predicted_ms of the last per-token timings sent
 
     def progress(self, processed: int) -> None:
         ms = int((time.perf_counter() - self.t_start) * 1e3)
@@ -544,7 +545,10 @@ class _Run:
             self.parts.append(event.text)
             if "\n" in event.text:
                 self.has_new_line = slot.has_new_line = True
-        job.emit(Step(event, self.timings(now) if job.timings_per_token else None))
+        live = self.timings(now) if job.timings_per_token else None
+        if live is not None:
+            self.live_ms = live.predicted_ms
+        job.emit(Step(event, live))
         limit = job.t_max_predict_ms
         if limit > 0 and self.has_new_line and (now - self.t_first) * 1e3 > limit:
             self.timed_out = True
@@ -577,4 +581,9 @@ class _Run:
                     ttft_ms=t.ttft_ms + self.prefill_ms,
                 ),
             )
+        if done.timings.predicted_ms < self.live_ms:
+            # The per-token timings are taken when the token reaches this thread, the final
+            # ones by the engine; on parallel slots a step's tokens arrive together, a little
+            # after they were sampled. A client sees time go forward, never back.
+            done = replace(done, timings=replace(done.timings, predicted_ms=self.live_ms))
         return done
