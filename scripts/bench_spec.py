@@ -119,12 +119,15 @@ def llama_server(
 
 
 @contextmanager
-def localfab_server(model: str, spec_type: str, threads: int, slots: int) -> Iterator[str]:
+def localfab_server(
+    model: str, spec_type: str, threads: int, slots: int, *extra: str
+) -> Iterator[str]:
     """`localfab serve` with `slots` parallel slots and one speculative type."""
     port = _free_port()
     cmd = [
         sys.executable, "-m", "localfab", "serve", "-m", model, "--port", str(port),
         "-c", str(4096 * slots), "-np", str(slots), "-t", str(threads), "--spec-type", spec_type,
+        *extra,
     ]  # fmt: skip
     with serving(cmd, port, f"localfab serve --spec-type {spec_type}") as url:
         yield url
@@ -301,6 +304,11 @@ def slots_round(url: str, n_tokens: int, clients: int) -> tuple[float, list[Resu
     return sum(r.tokens for r in done) / wall, done
 
 
+def _plain_of(name: str) -> str:
+    """The contender without speculation of the same server."""
+    return "localfab -np N" if name.startswith("localfab") else "llama-server -np N none"
+
+
 def cmd_slots(args: argparse.Namespace) -> dict[str, Any]:
     """Speculation on parallel slots: `--slots` rewrites at once against each server, rounds
     alternating; the median aggregate tok/s (all tokens over the round's wall time)."""
@@ -309,6 +317,11 @@ def cmd_slots(args: argparse.Namespace) -> dict[str, Any]:
         "localfab -np N ngram-simple": partial(
             localfab_server, args.model, "ngram-simple", args.threads, args.slots
         ),
+        # Drafts as long as llama-server's (--draft-max 16 here), not only as long as llama.cpp
+        # computes exactly as one token.
+        "localfab -np N ngram-simple no-exact": partial(
+            localfab_server, args.model, "ngram-simple", args.threads, args.slots, "--no-spec-exact"
+        ),
     }
     if Path(args.llama_server).exists():
         for spec_type in ("none", "ngram-simple", "ngram-map-k"):
@@ -316,7 +329,7 @@ def cmd_slots(args: argparse.Namespace) -> dict[str, Any]:
                 llama_server, args.llama_server, args.model, spec_type, args.threads, args.slots
             )
     rates: dict[str, list[float]] = {}
-    texts: dict[str, list[str]] = {}
+    texts: dict[str, list[str]] = {}  # per round: the replies' texts joined
     drafted: dict[str, tuple[int, int]] = {}
     with ExitStack() as stack:  # all servers up (idle ones take no CPU), rounds alternating
         urls = {name: stack.enter_context(start()) for name, start in contenders.items()}
@@ -326,7 +339,7 @@ def cmd_slots(args: argparse.Namespace) -> dict[str, Any]:
             for name, url in urls.items():
                 rate, replies = slots_round(url, args.tokens, args.slots)
                 rates.setdefault(name, []).append(rate)
-                texts[name] = [r.text for r in replies]
+                texts.setdefault(name, []).append("\x00".join(r.text for r in replies))
                 d = drafted.get(name, (0, 0))
                 drafted[name] = (
                     d[0] + sum(r.draft_n for r in replies),
@@ -339,7 +352,19 @@ def cmd_slots(args: argparse.Namespace) -> dict[str, Any]:
         "agg_tok_s": med,
         "acceptance": {k: (a / n if n else 0.0) for k, (n, a) in drafted.items()},
         "localfab_spec_speedup": med["localfab -np N ngram-simple"] / base,
-        "localfab_spec_same_text": texts["localfab -np N ngram-simple"] == texts["localfab -np N"],
+        "localfab_no_exact_speedup": med["localfab -np N ngram-simple no-exact"] / base,
+        # Rounds (of the same requests) whose texts equal the plain server's text of the same
+        # round; "plain" compares each server's plain rounds with its first. Replies decoded
+        # side by side can part at near-ties when the batches' make-up differs (see README).
+        "same_text_rounds": {
+            name: sum(a == b for a, b in zip(runs, texts[_plain_of(name)], strict=True))
+            for name, runs in texts.items()
+        },
+        "plain_rounds_alike": {
+            name: sum(t == texts[name][0] for t in texts[name])
+            for name in texts
+            if name in ("localfab -np N", "llama-server -np N none")
+        },
     }
     servers = {k: v for k, v in med.items() if k.startswith("llama-server") and "none" not in k}
     if servers:
@@ -348,6 +373,13 @@ def cmd_slots(args: argparse.Namespace) -> dict[str, Any]:
         report["localfab_spec_vs_best_llama_server"] = (
             med["localfab -np N ngram-simple"] / servers[best]
         )
+        report["localfab_no_exact_vs_best_llama_server"] = (
+            med["localfab -np N ngram-simple no-exact"] / servers[best]
+        )
+        plain = med.get("llama-server -np N none")
+        if plain:
+            report["llama_server_best_speedup"] = servers[best] / plain
+            report["localfab_plain_vs_llama_server_plain"] = base / plain
     print(json.dumps(report, indent=2))
     return report
 
