@@ -384,6 +384,14 @@ def cmd_slots(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _first_difference(a: str, b: str) -> int | None:
+    """Where two texts part (None: they are the same)."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+        None if len(a) == len(b) else min(len(a), len(b)),
+    )
+
+
 def _report(m: dict[str, Result]) -> dict[str, Any]:
     base = m["rewrite: localfab"]
     spec = m["rewrite: localfab ngram-simple"]
@@ -395,10 +403,7 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
     }
     server_plain = m.get("rewrite: llama-server none")
     best_server = max(servers.values(), key=lambda r: r.decode_tok_s, default=None)
-    first_diff = next(
-        (i for i, (a, b) in enumerate(zip(base.text, spec.text, strict=False)) if a != b),
-        None if len(base.text) == len(spec.text) else min(len(base.text), len(spec.text)),
-    )
+    first_diff = _first_difference(base.text, spec.text)
     free_base, free_spec = m["free: localfab"], m["free: localfab ngram-simple"]
     draft_base, draft_spec = m["draft: localfab"], m["draft: localfab draft-simple"]
     return {
@@ -420,6 +425,14 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
         # question asked of localfab by rewrite_identical_text).
         "llama_server_identical_text": (
             {k.split(": ", 1)[1]: v.text == server_plain.text for k, v in servers.items()}
+            if server_plain
+            else None
+        ),
+        "llama_server_first_difference_at_char": (
+            {
+                k.split(": ", 1)[1]: _first_difference(server_plain.text, v.text)
+                for k, v in servers.items()
+            }
             if server_plain
             else None
         ),
@@ -447,6 +460,7 @@ def _render(report: dict[str, Any]) -> str:
         "rewrite_no_exact_vs_best_llama_server",
         "best_llama_server",
         "llama_server_identical_text",
+        "llama_server_first_difference_at_char",
         "free_ratio",
         "draft_acceptance",
         "draft_speedup",
