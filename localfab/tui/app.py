@@ -41,7 +41,8 @@ class LocalfabApp(App[None]):
     TITLE = "localfab"
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
-        Binding("ctrl+t", "next_theme", "Theme", id="app.theme"),
+        # Off the footer (it is in the palette and Settings), so that 80 columns show Models.
+        Binding("ctrl+t", "next_theme", "Theme", id="app.theme", show=False),
         Binding("ctrl+o", "models", "Models", id="app.models"),
         Binding("f4", "fit", "Fit", id="app.fit", show=False),
         Binding("f9", "settings", "Settings", id="app.settings", show=False),
