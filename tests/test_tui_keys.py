@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,19 @@ async def test_keys_from_config_toml_reach_the_app(history, tmp_path: Path):
         await pilot.press("f7")
         await wait_for(pilot, lambda: not replies(app))
         assert not chat.streaming
+
+
+def test_every_screens_actions_are_known_before_the_screen_is_opened() -> None:
+    """In a fresh interpreter, before any screen but the chat was imported, the keymap check
+    knows the actions of the screens that open later (models, fit, settings, search)."""
+    code = (
+        "import sys\n"
+        "from localfab.tui.widgets.keymap import binding_ids\n"
+        "assert 'localfab.tui.screens.models' not in sys.modules\n"
+        "print(' '.join(sorted(binding_ids())))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    ids = set(out.stdout.split())
+    assert {"models.back", "fit.back", "settings.back", "search.close", "chat.stop"} <= ids

@@ -7,6 +7,8 @@ are reported (the app shows them as warnings) and leave that action on its defau
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,7 +45,14 @@ def bad_key(keys: str) -> str | None:
 
 
 def binding_ids(root: type[DOMNode] = DOMNode, *, package: str = "localfab.tui") -> set[str]:
-    """The ids of every binding declared by the app's classes (those in `package`)."""
+    """The ids of every binding declared by the app's classes (those in `package`).
+
+    Every module of `package` is imported first: screens are imported when first opened, and a
+    keymap checked before that would call their actions unknown ("models.back").
+    """
+    top = importlib.import_module(package)
+    for info in pkgutil.walk_packages(top.__path__, package + "."):
+        importlib.import_module(info.name)
     ids: set[str] = set()
     todo = [root]
     seen: set[type] = set()
