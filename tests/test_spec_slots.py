@@ -210,3 +210,43 @@ def test_a_draft_model_drafts_for_each_slot_in_its_own_sequence(model_path: Path
             a, b = list(plain[i].tokens), list(fast[i].tokens)
             n = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
             assert n >= 10, (i, n)
+
+
+def test_a_full_shared_pool_retries_the_step_without_its_drafts(model_path: Path) -> None:
+    """With --kv-unified the slots share one pool: when a step's drafts do not fit it, the step
+    runs again without them, and a reply ends for want of room only when the pool is full."""
+    from localfab.engine import Engine, EngineSettings
+    from localfab.engine.batch import BatchDecoder
+
+    pool = 512
+    settings = EngineSettings(
+        n_ctx=pool, n_batch=512, n_seq_max=2, kv_unified=True, repack=False, warmup=False
+    )
+    with Engine(model_path, settings) as engine:
+        prompts = [engine.tokenize(REWRITE), engine.tokenize(REWRITE.replace("Peter", "Anna"))]
+        opts = GenerationOptions(
+            max_tokens=400, sampling=SamplingParams(temperature=0, ignore_eos=True)
+        )
+        engine.set_speculation(NGRAM)
+        decoder = BatchDecoder(engine)
+        try:
+            for i, prompt in enumerate(prompts):
+                decoder.start(decoder.slots[i], prompt, opts)
+            held_at_cut = None
+            done: dict[int, Done] = {}
+            while decoder.busy:
+                for res in decoder.step():
+                    assert res.error is None
+                    for event in res.events:
+                        if isinstance(event, Done):
+                            done[res.slot.id] = event
+                            if event.stop_type == "context" and held_at_cut is None:
+                                held_at_cut = sum(len(s.kv.cached) for s in decoder.slots)
+                assert_no_rejected_cells(decoder)
+        finally:
+            decoder.close()
+            engine.set_speculation(None)
+        assert held_at_cut is not None, "no reply ran out of room"
+        # A plain step needs one cell per slot: it failed with fewer than two free.
+        assert held_at_cut >= pool - 1, held_at_cut
+        assert sum(d.timings.draft_n_accepted for d in done.values()) > 0

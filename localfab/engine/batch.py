@@ -138,6 +138,7 @@ class BatchDecoder:
         self.n_ubatch = min(int(lc.llama_n_ubatch(engine._ctx)), self.n_batch)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._draft_s = 0.0  # seconds spent drafting for the step being built
+        self._no_drafts = False  # the next step drafts nothing (a shared pool had no room)
         self.n_decode = 0  # llama_decode calls made
         self.n_busy = 0  # busy slots summed over those calls
         # Speculative decoding per slot, when the engine has it on: each reply drafts from its
@@ -308,7 +309,8 @@ class BatchDecoder:
                 # Drafted tokens follow the pending one, each with its logits (the verify);
                 # room is kept for one token of every other slot.
                 t0 = time.perf_counter()
-                drafts = self._draft(slot, r, r.spec, self.n_batch - n - len(self.slots))
+                room = 0 if self._no_drafts else self.n_batch - n - len(self.slots)
+                drafts = self._draft(slot, r, r.spec, room)
                 self._draft_s += time.perf_counter() - t0
                 for j, tok in enumerate(drafts):
                     self._put(batch, n + j, tok, pos + 1 + j, slot.id, True)
@@ -384,6 +386,7 @@ class BatchDecoder:
         if rc != 0:
             self._failed(rc, busy, before, out)
             return
+        self._no_drafts = False
         if self.speculator is not None and not chunks:
             # What a step costs, for the tuners: with no prompt in it, the generating slots'
             # tokens and whatever they drafted.
@@ -485,14 +488,22 @@ class BatchDecoder:
     ) -> None:
         """A decode that failed: every slot's cache goes back to what it held before the step.
 
-        No KV room left (a shared pool, --kv-unified): idle slots' cached prompts are dropped
-        and the next step tries again; when none is left to drop, the prompts being processed
+        No KV room left (a shared pool, --kv-unified): a step that held drafted tokens is tried
+        again without them; else idle slots' cached prompts are dropped and the next step tries
+        again; when none is left to drop, the prompts being processed
         end with an error, else the youngest reply ends where it is (a "context" stop, its text
         kept). Any other failure ends every reply in the batch with an error.
         """
         for slot in busy:
             slot.kv.sync_after_failure()
             slot.kv.truncate(before[slot.id])
+        drafted = any(s.reply is not None and s.reply.spec and s.reply.spec.drafts for s in busy)
+        for slot in busy:
+            if slot.reply is not None and slot.reply.spec is not None:
+                slot.reply.spec.drafts = []
+        if rc == 1 and drafted:
+            self._no_drafts = True  # drafts took the room: try the step again without them
+            return
         if rc == 1:
             idle = [s for s in self.slots if s.reply is None and s.kv.cached]
             for slot in idle:
