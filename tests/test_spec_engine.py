@@ -75,6 +75,30 @@ def test_the_tuner_drafts_while_drafts_pay_and_stops_when_they_do_not() -> None:
     assert Tuner(SpecCosts(one=0.01, per_draft=0.01), accept=0.5).length(16) == 0
 
 
+def test_a_cost_measured_in_a_busy_moment_is_measured_again_while_guesses_are_right() -> None:
+    # A verify that happened to be slow: each drafted token seemed to cost a whole decode.
+    tuner = Tuner(SpecCosts(one=0.010, per_draft=0.010), k_max=16)
+    for _ in range(20):
+        tuner.guess(True)  # the text repeats: drafts would be kept
+    assert tuner.length(16) == 0
+    lengths = []
+    for _ in range(40):
+        tuner.plain(0.010)
+        lengths.append(tuner.length(16))
+    # One short draft after a while, not a draft every token.
+    assert sorted(lengths)[-2:] == [0, 4]
+    tuner.verify(4, 4, 0.012)  # verifying is cheap after all
+    assert tuner.length(16) > 0
+    # Where guesses are wrong (text that does not repeat), no probing at all.
+    cold = Tuner(SpecCosts(one=0.010, per_draft=0.010), k_max=16, accept=0.1)
+    probes = []
+    for _ in range(100):
+        cold.plain(0.010)
+        cold.guess(False)
+        probes.append(cold.length(16))
+    assert probes == [0] * 100
+
+
 def test_timings_show_drafts_only_for_a_reply_that_drafted() -> None:
     assert "draft_n" not in Timings().to_dict()
     t = Timings(draft_n=10, draft_n_accepted=7).to_dict()

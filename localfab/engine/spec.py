@@ -195,6 +195,8 @@ class SpecCosts:
 _EMA = 0.2  # weight of the newest measurement
 _PRIOR = 0.6  # acceptance assumed before any is measured
 _PROBE_EVERY = 32  # plain tokens before a draft model that did not pay is tried again
+_PROBE_ACCEPT = 0.8  # guesses this often right make a stale cost worth measuring again
+_PROBE_LEN = 4  # tokens in a draft that measures the cost again
 
 
 @dataclass
@@ -233,6 +235,12 @@ class Tuner:
             rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (one + k * per)
             if rate > best_rate:
                 best_k, best_rate = k, rate
+        if best_k == 0 and self.cheap and a >= _PROBE_ACCEPT and self._idle >= _PROBE_EVERY:
+            # The guesses say drafts would mostly be kept, but the costs say they do not pay:
+            # the cost may have been measured in a busy moment and is only measured again by a
+            # verify. One short draft measures it again.
+            self._idle = 0
+            return min(_PROBE_LEN, self.k_max)
         return best_k
 
     def plain(self, seconds: float) -> None:
@@ -243,12 +251,11 @@ class Tuner:
     def idle(self) -> None:
         """A token was decoded without a draft."""
         self._best = -1
-        if not self.cheap:
+        self._idle += 1
+        if not self.cheap and self._idle >= _PROBE_EVERY:
             # Without free guesses, try drafting again now and then.
-            self._idle += 1
-            if self._idle >= _PROBE_EVERY:
-                self._idle = 0
-                self.accept = max(self.accept, _PRIOR)
+            self._idle = 0
+            self.accept = max(self.accept, _PRIOR)
 
     def verify(self, n_draft: int, n_kept: int, seconds: float) -> None:
         """A verify of `n_draft` tokens kept `n_kept` and took `seconds`."""
