@@ -14,6 +14,7 @@ from textual.screen import Screen
 
 from localfab.chat.history import History
 from localfab.config import Config, Paths
+from localfab.tui import textual_fixes
 from localfab.tui.backend import ChatBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.sessions import SessionStore
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from localfab.tui.screens.fit import FitScreen
     from localfab.tui.screens.models import ModelsScreen
     from localfab.tui.screens.settings import SettingsScreen
+
+textual_fixes.apply()
 
 # Keys by action id: a mapping, or (id, keys) pairs as config.toml's [keys] table gives them.
 KeymapSpec = Mapping[str, str] | Sequence[tuple[str, str]]
