@@ -112,6 +112,37 @@ def test_objects_from_before_a_reply_sit_out_full_passes_until_it_ends():
     assert before is not None
 
 
+def test_a_short_reply_ends_with_a_pass_over_its_own_objects_and_every_few_with_a_full_one():
+    class Node:
+        pass
+
+    guard = StreamingGC()
+    automatic = gc.isenabled()
+    gc.disable()  # only the passes the guard runs
+    try:
+        old = Node()
+        old.me = old  # type: ignore[attr-defined]
+        old_gone = weakref.ref(old)
+        guard.begin()
+        made = Node()
+        made.me = made  # type: ignore[attr-defined]
+        made_gone = weakref.ref(made)
+        del old, made  # both become garbage while the reply streams
+        guard.end()
+        assert made_gone() is None  # what the reply made goes at once
+        assert old_gone() is not None  # the full pass waits: that is what makes the end cheap
+        assert gc.get_freeze_count() == 0
+        ends = 1
+        while old_gone() is not None and ends <= StreamingGC.FULL_EVERY:
+            guard.begin()
+            guard.end()
+            ends += 1
+        assert old_gone() is None and ends == StreamingGC.FULL_EVERY + 1
+    finally:
+        if automatic:
+            gc.enable()
+
+
 def test_an_overdue_draw_still_lets_a_key_just_pressed_echo_first():
     c = Clocks()
     p = pacer(c, min_interval=0.1, max_interval=0.5, cpu_share=0.05)

@@ -98,13 +98,20 @@ class StreamingGC:
 
     At the start every object is moved out of the collector's sight (`gc.freeze`), and after
     each full pass during the reply the survivors are too, so that a pass walks only what the
-    last seconds made (pauses of 5-25 ms instead of 50-150 ms here). At the end everything
-    comes back and one full pass collects what became garbage meanwhile, right after the
-    reply's last frame is painted.
+    last seconds made (pauses of 5-25 ms instead of 50-150 ms here). At the end, right after the
+    reply's last frame is painted, what the reply made goes: when no pass froze anything
+    meanwhile (a short reply), one pass over only the objects made since the start collects it
+    before everything comes back (a millisecond or two); otherwise, or after `FULL_EVERY` short
+    ones, everything comes back first and one full pass collects it all (30-150 ms), so that
+    objects from before a reply that became garbage during it (a removed message) go too.
     """
+
+    FULL_EVERY = 8
 
     def __init__(self) -> None:
         self.active = False
+        self._frozen_at_begin = 0
+        self._short_ends = 0
 
     @staticmethod
     def _after_pass(phase: str, info: dict[str, int]) -> None:
@@ -115,6 +122,7 @@ class StreamingGC:
         if not self.active:
             self.active = True
             gc.freeze()  # O(1): the current objects move to the permanent generation
+            self._frozen_at_begin = gc.get_freeze_count()
             gc.callbacks.append(self._after_pass)
 
     def end(self) -> None:
@@ -123,5 +131,12 @@ class StreamingGC:
             self.active = False
             if self._after_pass in gc.callbacks:
                 gc.callbacks.remove(self._after_pass)
-            gc.unfreeze()
-            gc.collect()
+            short = gc.get_freeze_count() == self._frozen_at_begin
+            if short and self._short_ends < self.FULL_EVERY:
+                self._short_ends += 1
+                gc.collect()  # the frozen objects sit it out: it walks what the reply made
+                gc.unfreeze()
+            else:
+                self._short_ends = 0
+                gc.unfreeze()
+                gc.collect()
