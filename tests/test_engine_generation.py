@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,31 +115,3 @@ def test_a_full_window_shifts_to_what_on_context_full_returns(small_engine: Engi
     expected = target + list(done.tokens[n_at_shift - 1 : -1])
     assert small_engine.cached_tokens == expected
     assert len(expected) <= n_ctx
-
-
-@pytest.mark.slow
-def test_the_engine_and_the_tui_fake_satisfy_the_chat_engine_protocol(tmp_path: Path) -> None:
-    """ChatSession types its engine as ChatEngine: both engines it is given must fit it."""
-    check = tmp_path / "protocol_check.py"
-    check.write_text(
-        "from localfab.engine import ChatEngine, Engine\n"
-        "from localfab.tui.fake import FakeEngine\n"
-        "def real(e: Engine) -> ChatEngine:\n    return e\n"
-        "def fake(e: FakeEngine) -> ChatEngine:\n    return e\n"
-        "def wrong(e: int) -> ChatEngine:\n    return e\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", str(check)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    # By file name: mypy's cache may report the file under the path of an earlier run.
-    errors = [
-        line
-        for line in result.stdout.splitlines()
-        if line.startswith(check.name) or line.split(":", 1)[0].endswith(f"/{check.name}")
-    ]
-    # Exactly one error: the deliberately wrong one, so the check is known to bite.
-    assert len(errors) == 1 and ":8:" in errors[0], result.stdout

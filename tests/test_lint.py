@@ -2,6 +2,8 @@
 
 They run as tests so that the README's one test command is also the lint gate; the settings
 live in pyproject.toml (`[tool.ruff]`, `[tool.mypy]`), so an editor's ruff and mypy agree.
+mypy also checks `tests/typecheck/`: type-level tests (the engines fit `ChatEngine`) that share
+its one run instead of starting mypy again.
 """
 
 from __future__ import annotations
