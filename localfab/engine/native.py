@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import _thread
 import ctypes
+import functools
 import logging
 import re
 import signal
@@ -314,6 +315,37 @@ class _LoadProgress:
         raise LoadCancelled("the model load was cancelled")
 
 
+# llama.cpp's AMX kernels crash this version on their first tile instruction (SIGILL; the tile
+# configuration is not loaded on the threads that compute: ggml-org/llama.cpp#26954). They run
+# only on weights in llama.cpp's extra buffer types, so a build that has them loads without.
+AMX_NOTE = (
+    "this llama-cpp-python build has llama.cpp's AMX kernels, which crash in this llama.cpp "
+    "version; loading without repacked weights instead (slower). For full speed, rebuild it "
+    "without AMX: CFLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' CXXFLAGS=\"$CFLAGS\" pip "
+    "install --force-reinstall --no-deps --no-cache-dir llama-cpp-python=={version}"
+)
+
+
+@functools.cache
+def amx_in_build() -> bool:
+    """Whether the installed llama.cpp was compiled with its AMX kernels."""
+    info = (lc.llama_print_system_info() or b"").decode("utf-8", errors="replace")
+    return re.search(r"\bAMX_INT8 = 1\b", info) is not None
+
+
+@functools.cache
+def _say_amx() -> None:  # once per process
+    log.warning(AMX_NOTE.format(version=getattr(lc, "__version__", "?")))
+
+
+def extra_buffers(wanted: bool) -> bool:
+    """Whether to load with llama.cpp's extra buffer types (repacked weights, AMX)."""
+    if wanted and amx_in_build():
+        _say_amx()
+        return False
+    return wanted
+
+
 def load_model(
     path: Path, s: EngineSettings, mark: int, progress: Callable[[float], bool] | None
 ) -> Any:
@@ -321,7 +353,7 @@ def load_model(
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = s.n_gpu_layers
     mparams.use_mmap = s.use_mmap
-    mparams.use_extra_bufts = s.repack
+    mparams.use_extra_bufts = extra_buffers(s.repack)
     watcher = _LoadProgress(progress) if progress is not None else None
     if watcher is not None:
         # The ctypes callback object must outlive the call that uses it: it is kept on the
