@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -208,6 +209,32 @@ async def test_fit_key_reads_the_header_once_and_load_opens_the_chat(tmp_path: P
         assert len(opened) == 1
         name, wishes = opened[0]
         assert name == "llama-8b" and wishes is not None and wishes.n_ctx == 4096
+
+
+async def test_controls_changed_while_the_header_is_read_wait_for_that_one_read(
+    tmp_path: Path,
+) -> None:
+    app, _ = fit_app(tmp_path)
+    reading, release = threading.Event(), threading.Event()
+    reads: list[str] = []
+
+    def slow_facts() -> ModelFacts:  # a header on a slow disk or a remote host
+        reads.append("read")
+        reading.set()
+        release.wait(10)
+        return facts("Llama-3.1-8B-Instruct")
+
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = FitScreen("llama-8b", slow_facts, machine=gpu_machine)
+        await app.push_screen(screen)
+        await wait_for(pilot, reading.is_set)
+        for ctx in ("8192", "4096"):  # each starts another worker while the first still reads
+            screen.query_one("#fit-ctx").value = ctx
+            await pilot.pause()
+        release.set()
+        await planned(pilot, screen, 0)
+        assert reads == ["read"]
+        assert screen.plan is not None and screen.plan.n_ctx == 4096
 
 
 async def test_fit_from_the_models_screen_is_for_the_selected_model(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ with the same wishes.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -106,6 +107,9 @@ class FitScreen(Screen[None]):
         self._profiles = profiles
         self.base = base or Wishes()
         self._facts: ModelFacts | None = None
+        # Workers of this group overlap (a thread cannot be cancelled): the first one to need the
+        # header or a machine reads it while the others wait, so each is read once.
+        self._reading = threading.Lock()
         self._machines: dict[str | None, Machine] = {}
         self.plan: Plan | None = None
         self.problem: str | None = None
@@ -179,11 +183,13 @@ class FitScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="fit", exit_on_error=False)
     def _plan(self, choice: FitChoice) -> None:
         try:
-            if self._facts is None:
-                self._facts = self._read_facts()
-            if choice.profile not in self._machines:
-                self._machines[choice.profile] = self._machine(choice.profile)
-            result = plan(self._facts, self._machines[choice.profile], choice.wishes(self.base))
+            with self._reading:
+                if self._facts is None:
+                    self._facts = self._read_facts()
+                if choice.profile not in self._machines:
+                    self._machines[choice.profile] = self._machine(choice.profile)
+                facts, machine = self._facts, self._machines[choice.profile]
+            result = plan(facts, machine, choice.wishes(self.base))
         except LocalfabError as exc:
             self.post_message(self.Planned(choice, None, str(exc)))
             return
