@@ -170,3 +170,26 @@ def test_full_passes_during_a_reply_leave_their_survivors_frozen():
     finally:
         guard.end()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_reply_during_which_a_full_pass_ran_ends_with_a_full_one():
+    class Node:
+        pass
+
+    guard = StreamingGC()
+    automatic = gc.isenabled()
+    gc.disable()
+    try:
+        old = Node()
+        old.me = old  # type: ignore[attr-defined]
+        old_gone = weakref.ref(old)
+        guard.begin()
+        del old
+        gc.collect()  # a full pass while the reply streams: it cannot see `old`, it is frozen
+        assert old_gone() is not None
+        guard.end()
+        assert old_gone() is None  # the end's pass is a full one
+        assert gc.get_freeze_count() == 0
+    finally:
+        if automatic:
+            gc.enable()
