@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from localfab.server import ServerSettings, create_app
@@ -64,6 +63,8 @@ def http(url: str) -> Iterator[httpx.Client]:
 
 @pytest.fixture()
 def oai(url: str) -> Any:
+    import openai  # here: 68k objects that every collector pass of a fast-tier worker would walk
+
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
@@ -163,6 +164,8 @@ def test_openai_models(oai: Any) -> None:
 
 
 def test_openai_error_is_400_with_body(oai: Any) -> None:
+    import openai
+
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(
             model="x", messages=[{"role": "user", "content": "x " * 4000}], max_tokens=2
@@ -439,6 +442,8 @@ def test_slow_client_times_out(loaded: Any) -> None:
 
 
 def test_api_key_rules(loaded: Any) -> None:
+    import openai
+
     settings = ServerSettings(api_keys=("other", KEY))
     server = BackgroundServer(create_app(loaded, settings)).start()
     try:
