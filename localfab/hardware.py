@@ -20,6 +20,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
@@ -167,6 +168,11 @@ def probe_backend(info: BackendInfo | None) -> LlamaBackend:
     return parse_backend_info(raw)
 
 
+def cpu_for_build(cpu: Cpu, backend: LlamaBackend) -> Cpu:
+    """The CPU as this llama.cpp build uses it: a build with AMX kernels repacks nothing."""
+    return replace(cpu, repack=False) if cpu.repack and backend.amx else cpu
+
+
 # --- the whole machine -------------------------------------------------------------------------
 
 
@@ -193,6 +199,7 @@ def probe_machine(
     """
     backend = probe_backend(backend_info)
     cpu, ram_total, ram_available = probe_cpu(psutil_module, cpuinfo=cpuinfo)
+    cpu = cpu_for_build(cpu, backend)
     devices = probe_nvidia(run, kind=_kind_for("nvidia", backend))
     devices += probe_amd(sysfs_root, kind=_kind_for("amd", backend))
     return Machine(

@@ -6,6 +6,7 @@ hardware profiles. Memory is in bytes; bandwidths are theoretical peaks in GB/s.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,11 @@ class Device:
         return max(0, self.free - self.vram_free)
 
 
+def amx_in(system_info: str) -> bool:
+    """Whether llama.cpp's system info says it was compiled with its AMX kernels."""
+    return re.search(r"\bAMX_INT8 = 1\b", system_info) is not None
+
+
 @dataclass(frozen=True)
 class LlamaBackend:
     """What the installed llama-cpp-python was built with."""
@@ -82,6 +88,12 @@ class LlamaBackend:
             elif k in ("cuda", "vulkan", "metal", "sycl"):
                 kinds.add(k)
         return frozenset(kinds) if self.gpu_offload or kinds else frozenset()
+
+    @property
+    def amx(self) -> bool:
+        """Built with llama.cpp's AMX kernels, which this version gets wrong: the engine then
+        loads without extra buffer types, so the weights are not repacked either."""
+        return amx_in(self.system_info)
 
     @property
     def label(self) -> str:

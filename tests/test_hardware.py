@@ -205,6 +205,29 @@ def test_backend_probe_survives_a_broken_build() -> None:
     assert hip.gpu_kinds == {"rocm"}
 
 
+def test_a_build_with_amx_kernels_is_planned_without_repacked_weights(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: avx2 amx_tile\n")
+    psutil_like = SimpleNamespace(
+        cpu_count=lambda logical=True: 2,
+        virtual_memory=lambda: SimpleNamespace(total=32 * GiB, available=24 * GiB),
+    )
+    report = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | {} | LLAMAFILE = 1 | REPACK = 1 | "
+
+    def machine(amx: str) -> hardware.Machine:
+        return probe_machine(
+            run=lambda argv: None,
+            sysfs_root=tmp_path / "none",
+            psutil_module=psutil_like,
+            cpuinfo=cpuinfo,
+            backend_info=lambda: {"backends": ["CPU"], "system_info": report.format(amx)},
+        )
+
+    assert machine("AMX_INT8 = 1").backend.amx
+    assert not machine("AMX_INT8 = 1").cpu.repack  # the engine loads without extra buffers
+    assert machine("AVX512_VNNI = 1").cpu.repack and not machine("AVX512_VNNI = 1").backend.amx
+
+
 def test_run_command_reports_missing_tools_as_none() -> None:
     assert hardware.run_command(["definitely-not-a-command-xyz"]) is None
 

@@ -19,6 +19,7 @@ from localfab.hardware import (
     LlamaBackend,
     Machine,
     MiB,
+    cpu_for_build,
     load_model_specs,
     machine_from_profile_name,
     probe_cpu,
@@ -107,16 +108,20 @@ def test_calibration_against_llama_cpp(model_path: Path, n_ctx: int, n_ubatch: i
     buffer sizes summed over devices (all CPU here). Acceptance: weights and KV within 3 %,
     compute within 15 %.
     """
-    from localfab.engine import measure_buffers
+    from localfab.engine import backend_info, measure_buffers
 
     facts = read_facts(model_path)
     cpu, ram_total, ram_available = probe_cpu()
+    # This build's system info: one with AMX kernels loads without repacked weights.
+    backend = LlamaBackend(
+        backends=("CPU",), gpu_offload=False, system_info=str(backend_info()["system_info"])
+    )
     machine = Machine(
-        cpu=cpu,
+        cpu=cpu_for_build(cpu, backend),
         ram_total=ram_total,
         ram_available=ram_available,
         devices=(),
-        backend=LlamaBackend(backends=("CPU",), gpu_offload=False),
+        backend=backend,
     )
     reported = measure_buffers(model_path, n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn="on")
     e = estimate(facts, machine, gpu=None, n_gpu_layers=0, n_ctx=n_ctx, n_ubatch=n_ubatch)

@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType
 
 from localfab.engine.types import BufferSizes, EngineSettings, FlashAttn
 from localfab.errors import LoadCancelled, LocalfabError, ModelError, UsageError
+from localfab.hardware_types import amx_in
 from localfab.units import KV_CACHE_TYPES
 
 log = logging.getLogger("localfab.engine")
@@ -329,8 +330,7 @@ AMX_NOTE = (
 @functools.cache
 def amx_in_build() -> bool:
     """Whether the installed llama.cpp was compiled with its AMX kernels."""
-    info = (lc.llama_print_system_info() or b"").decode("utf-8", errors="replace")
-    return re.search(r"\bAMX_INT8 = 1\b", info) is not None
+    return amx_in((lc.llama_print_system_info() or b"").decode("utf-8", errors="replace"))
 
 
 @functools.cache
