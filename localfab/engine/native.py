@@ -317,13 +317,15 @@ class _LoadProgress:
 
 
 # llama.cpp's AMX kernels crash this version on their first tile instruction (SIGILL; the tile
-# configuration is not loaded on the threads that compute: ggml-org/llama.cpp#26954). They run
-# only on weights in llama.cpp's extra buffer types, so a build that has them loads without.
+# configuration is not loaded on the threads that compute: ggml-org/llama.cpp#26954) or compute
+# wrong results (ggml-org/llama.cpp#16315). They run only on weights in llama.cpp's extra buffer
+# types, so a build that has them loads without.
 AMX_NOTE = (
-    "this llama-cpp-python build has llama.cpp's AMX kernels, which crash in this llama.cpp "
-    "version; loading without repacked weights instead (slower). For full speed, rebuild it "
-    "without AMX: CFLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' CXXFLAGS=\"$CFLAGS\" pip "
-    "install --force-reinstall --no-deps --no-cache-dir llama-cpp-python=={version}"
+    "this llama-cpp-python build has llama.cpp's AMX kernels, which crash or compute wrong "
+    "results in this llama.cpp version; loading without repacked weights instead (slower). "
+    "For full speed, rebuild it without AMX: CFLAGS='-mno-amx-tile -mno-amx-int8 "
+    '-mno-amx-bf16\' CXXFLAGS="$CFLAGS" pip install --force-reinstall --no-deps '
+    "--no-cache-dir llama-cpp-python=={version}"
 )
 
 
