@@ -332,7 +332,7 @@ AMX_NOTE = (
 @functools.cache
 def amx_in_build() -> bool:
     """Whether the installed llama.cpp was compiled with its AMX kernels."""
-    return amx_in((lc.llama_print_system_info() or b"").decode("utf-8", errors="replace"))
+    return amx_in(str(backend_info()["system_info"]))
 
 
 @functools.cache
