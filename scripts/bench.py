@@ -749,11 +749,14 @@ def tui_decode(model: Path, *, runs: int, n_gen: int, threads: int | None) -> di
         backend = LocalBackend(loader, history, model.name, options)
         finished: list[ReplyFinished] = []
         send = backend.send
+        loop = asyncio.get_running_loop()
+        ended = asyncio.Event()
 
         def watched(text: str, *, cancel: Any) -> Any:
             for event in send(text, cancel=cancel):
                 if isinstance(event, ReplyFinished):
                     finished.append(event)
+                    loop.call_soon_threadsafe(ended.set)
                 yield event
 
         backend.send = watched  # type: ignore[method-assign]
@@ -767,8 +770,11 @@ def tui_decode(model: Path, *, runs: int, n_gen: int, threads: int | None) -> di
                 prompt.load_text(_DECODE_PROMPT)
                 prompt.focus()
                 await pilot.press("enter")
-                # Plain sleeps: a pilot pause would add a frame and a message to every widget.
-                while not finished or chat.streaming:  # noqa: ASYNC110 (set by two threads)
+                # Woken once, by the reply's end: a poll (or a pilot pause, which adds a frame and
+                # a message to every widget) wakes the UI thread while the model decodes, and
+                # each wake-up takes a core from llama.cpp's threads.
+                await ended.wait()
+                while chat.streaming:  # noqa: ASYNC110 (decoding is over: this costs it nothing)
                     await asyncio.sleep(0.05)
         finally:
             backend.close()
