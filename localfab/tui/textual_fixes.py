@@ -6,14 +6,23 @@ loudly when the library changes under them.
   (Textualize/textual#6665, open). In a chat whose messages are mounted and removed, that kept
   tens of thousands of dead objects reachable, and every garbage-collector pass walked them. The
   method never uses its instance; here the cache is keyed by its two colours only.
+- After a layout pass, `Screen._refresh_layout` gives every widget its new size through
+  `Widget._size_updated`, which sets the `virtual_size` reactive; that reactive asks for another
+  layout of the whole screen (textual 8.x). For a widget that cannot scroll (both overflows
+  hidden), a new virtual size changes no scrollbar, so that second pass lays out what the first
+  one just did: a streaming reply paid for two layouts per frame. Such widgets now take their
+  virtual size without the request; widgets that can scroll keep it.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 from textual._styles_cache import StylesCache
+from textual.geometry import Size
+from textual.widget import Widget
 
 
 def _is_instance_keyed_cache(method: object) -> bool:
@@ -36,5 +45,37 @@ def fix_styles_cache() -> bool:
     return True
 
 
+def _sizes_without_relayout(original: Any) -> Any:
+    def _size_updated(
+        self: Widget, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+    ) -> bool:
+        if layout and self.styles.overflow_x == "hidden" and self.styles.overflow_y == "hidden":
+            layout = False  # no scrollbar to show or hide: the pass that called this is enough
+        return bool(original(self, size, virtual_size, container_size, layout))
+
+    _size_updated.localfab_fix = True  # type: ignore[attr-defined]
+    _size_updated.original = original  # type: ignore[attr-defined]
+    return _size_updated
+
+
+def fix_relayout_after_layout() -> bool:
+    """Layouts stop asking for a second one for widgets that cannot scroll. Returns whether it
+    changed anything (False once applied, or when Textual's `_size_updated` changed shape)."""
+    original = Widget.__dict__.get("_size_updated")
+    if original is None or getattr(original, "localfab_fix", False):
+        return False
+    if list(inspect.signature(original).parameters) != [
+        "self",
+        "size",
+        "virtual_size",
+        "container_size",
+        "layout",
+    ]:
+        return False
+    Widget._size_updated = _sizes_without_relayout(original)  # type: ignore[method-assign]
+    return True
+
+
 def apply() -> None:
     fix_styles_cache()
+    fix_relayout_after_layout()
