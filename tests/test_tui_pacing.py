@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import time
 import weakref
 
+import pytest
+
+from localfab.tui.fake import FakeEngine
 from localfab.tui.pacing import (
+    SHARED_CORES_MAX_INTERVAL,
     SHARED_CORES_SHARE,
     SPARE_CORE_SHARE,
     FramePacer,
     StreamingGC,
     cpu_share_for,
+    max_interval_for,
 )
 
 
@@ -193,3 +200,80 @@ def test_a_reply_during_which_a_full_pass_ran_ends_with_a_full_one():
     finally:
         if automatic:
             gc.enable()
+
+
+def test_wait_says_when_the_next_draw_is_due():
+    c = Clocks()
+    p = pacer(c, min_interval=0.1, max_interval=0.5, cpu_share=0.05, typing_hold=0.06)
+    p.start()
+    assert p.wait() == 0.0 and p.due()  # the first text at once
+    c.run(0.1, cpu=0.015)
+    p.drawn()  # 15 ms of UI CPU at a 5 % share: the next draw in 0.3 s
+    assert abs(p.wait() - 0.3) < 1e-5
+    c.run(0.29)
+    assert not p.due()
+    c.run(p.wait())
+    assert p.due()
+    p.typed(c.wall)  # a key now: text waits for its echo
+    assert abs(p.wait() - 0.06) < 1e-5 and not p.due()
+    c.run(p.wait())
+    assert p.due()
+
+
+def test_wait_never_passes_the_longest_interval_and_lets_a_key_echo_first():
+    c = Clocks()
+    p = pacer(c, min_interval=0.1, max_interval=0.5, cpu_share=0.05)
+    p.start()
+    c.run(0.1, cpu=1.0)  # a very slow frame asks for 20 s
+    p.drawn()
+    assert abs(p.wait() - 0.5) < 1e-5
+    c.run(0.5)
+    p.typed(c.wall - 0.005)  # overdue, but a key was just pressed
+    assert 0.0 < p.wait() <= 0.015 + 1e-5 and not p.due()
+    c.run(p.wait())
+    assert p.due()
+
+
+def test_on_shared_cores_frames_may_wait_longer_so_the_share_holds_on_a_slower_cpu():
+    shared, spare = cpu_share_for(2, 2), cpu_share_for(4, 8)
+    assert max_interval_for(shared) == SHARED_CORES_MAX_INTERVAL > max_interval_for(spare)
+    c = Clocks()
+    p = pacer(c, min_interval=0.1, max_interval=max_interval_for(shared), cpu_share=shared)
+    p.start()
+    c.run(0.1, cpu=0.018)  # an 18 ms frame, as on a slow CPU: 0.72 s at a 2.5 % share
+    p.drawn()
+    c.run(0.6)
+    assert not p.due()  # the old 0.5 s bound would have drawn it, at 3.6 % of a core
+    c.run(0.13)
+    assert p.due()
+
+
+@pytest.mark.anyio
+async def test_a_streaming_reply_wakes_the_screen_only_when_its_text_is_due(history, monkeypatch):
+    # On shared cores every wake-up of the UI thread preempts one of the model's threads: the
+    # screen sleeps until the pacer lets text be drawn, instead of ticking at a fixed rate.
+    from localfab.tui.screens.chat import ChatScreen
+    from tests.tui_support import build_app, finished, loaded, replies, send, wait_for
+
+    drains: list[float] = []
+    original = ChatScreen._drain
+
+    async def counted(self: ChatScreen) -> None:
+        drains.append(time.monotonic())
+        await original(self)
+
+    monkeypatch.setattr(ChatScreen, "_drain", counted)
+    engine = FakeEngine(lambda prompt: "word " * 400, delay=0.005)  # text keeps coming, 2 s
+    app, _ = build_app(history, engine=engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        chat.pacer.min_interval = chat.pacer.max_interval = 0.4  # a frame every 0.4 s
+        await send(pilot, app, "go")
+        await wait_for(pilot, lambda: chat.streaming and replies(app)[-1].text)
+        drains.clear()
+        await asyncio.sleep(1.2)  # plain: a pilot pause would wake the screen itself
+        assert chat.streaming
+        woke = len(drains)
+        await finished(pilot, app)
+        assert replies(app)[-1].text == "word " * 400
+    assert 2 <= woke <= 5  # three frames; the old 10 Hz tick woke it 12 times

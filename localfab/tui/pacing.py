@@ -11,8 +11,10 @@ the model's decode loop. So the pacer:
 - holds text back for a moment after a key, so that the key's echo is painted first and cheaply,
   but never longer than `max_interval` since the last update.
 
-Only text waits: a reply's end, a failure or a shift goes to the screen at the next tick.
-The pacer holds no Textual state: the chat screen asks it, once per tick, whether to draw.
+Only text waits: a reply's end, a failure or a shift goes to the screen at once. The pacer
+holds no Textual state: the chat screen sleeps until `wait` says text may be drawn and then
+asks `due`, instead of ticking at a fixed rate (on shared cores each wake-up of the UI thread
+preempts one of the model's threads, and the others wait for it).
 
 While a reply streams, the objects that existed when it began (the app, its widgets, earlier
 messages) are also kept out of the garbage collector's full passes: such a pass walks every
@@ -33,6 +35,11 @@ from dataclasses import dataclass, field
 SHARED_CORES_SHARE = 0.025
 JUST_TYPED = 0.02  # a key this recent is still being echoed
 SPARE_CORE_SHARE = 0.5
+# The longest wait between two text frames. On shared cores a frame costs 10-20 ms of UI CPU
+# (a slower CPU pays more), so the share above asks for 0.4-0.8 s; a bound of 0.5 s held a
+# slower CPU's UI at 3.5-4.5 % of a core, and its replies 4-5 % slower than `localfab run`.
+SHARED_CORES_MAX_INTERVAL = 1.0
+SPARE_CORE_MAX_INTERVAL = 0.5
 
 
 def cpu_share_for(engine_threads: int, cpus: int | None) -> float:
@@ -40,6 +47,11 @@ def cpu_share_for(engine_threads: int, cpus: int | None) -> float:
     if engine_threads > 0 and cpus is not None and cpus > engine_threads:
         return SPARE_CORE_SHARE
     return SHARED_CORES_SHARE
+
+
+def max_interval_for(cpu_share: float) -> float:
+    """The longest wait between text frames for a UI held to `cpu_share` of a core."""
+    return SHARED_CORES_MAX_INTERVAL if cpu_share <= SHARED_CORES_SHARE else SPARE_CORE_MAX_INTERVAL
 
 
 @dataclass
@@ -78,6 +90,23 @@ class FramePacer:
         if typed < self.typing_hold:
             return False
         return now >= self._next_at
+
+    def wait(self) -> float:
+        """Seconds from now to the first tick at which `due` may say yes (0: now).
+
+        The chat screen sleeps that long instead of ticking at a fixed rate: on shared cores
+        every wake-up of the UI thread takes a core from the model's threads for a moment.
+        """
+        now = self.clock()
+        if now - self._drawn_at >= self.max_interval:
+            at = min(self._typed_at + JUST_TYPED, self._drawn_at + 2 * self.max_interval)
+        else:
+            at = min(
+                max(self._next_at, self._typed_at + self.typing_hold),
+                self._drawn_at + self.max_interval,
+            )
+        # A hair past the moment, so that `due` (which compares with >=) says yes then.
+        return 0.0 if at <= now else at - now + 1e-6
 
     def drawn(self) -> None:
         """Text was drawn: the next draw waits in proportion to what the UI spent since the last.

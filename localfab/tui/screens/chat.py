@@ -42,7 +42,7 @@ from localfab.tui.backend import (
     WindowShifted,
 )
 from localfab.tui.clipboard import system_copy
-from localfab.tui.pacing import FramePacer, StreamingGC, cpu_share_for
+from localfab.tui.pacing import FramePacer, StreamingGC, cpu_share_for, max_interval_for
 from localfab.tui.screens.chat_parts import (
     _END,
     InboxItem,
@@ -71,8 +71,8 @@ from localfab.tui.widgets.versions import ChatMessage
 if TYPE_CHECKING:
     from localfab.tui.sessions import DeletedSession
 
-# How often the frame timer ticks while a reply streams; the pacer (see pacing.py) decides at
-# each tick whether waiting text is drawn.
+# The shortest time between two frames of a streaming reply; the pacer (see pacing.py) says when
+# waiting text is drawn, and the screen sleeps until then.
 FRAME_SECONDS = 1 / 10
 WIDE = 100  # from this width the sessions panel shows unless the user hid it
 
@@ -110,6 +110,13 @@ class ChatScreen(SessionActions, VersionActions):
 
         def can_replace(self, message: Message) -> bool:
             return isinstance(message, ChatScreen.LoadProgressed)
+
+    class InboxWoke(Message):
+        """The reply's worker put something in the inbox that is shown at once (its first event,
+        an end, a failure, a shift): text alone waits for the pacer's tick."""
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, ChatScreen.InboxWoke)
 
     @dataclass
     class ModelLoaded(Message):
@@ -150,7 +157,7 @@ class ChatScreen(SessionActions, VersionActions):
         self._load_cancel = threading.Event()
         self._inbox: deque[InboxItem] = deque()
         self._reply: MessageView | None = None
-        self._timer: Timer | None = None
+        self._tick: Timer | None = None  # the next frame of a streaming reply
         self._sent_at = 0.0
         self._first_at: float | None = None
         self._tokens = 0
@@ -194,7 +201,6 @@ class ChatScreen(SessionActions, VersionActions):
         self.query_one("#chat-log").anchor()
         self.query_one("#load-panel").display = False
         self.query_one("#load-cancel", Button).can_focus = False  # the prompt keeps the keys
-        self._timer = self.set_interval(FRAME_SECONDS, self._drain, pause=True)
         self._prompt_box = self.query_one(PromptBox)
         self._prompt_box.focus()
         # The first frame is painted before the saved chats are listed and before the engine
@@ -260,7 +266,8 @@ class ChatScreen(SessionActions, VersionActions):
     async def _model_loaded(self, event: ModelLoaded) -> None:
         self.query_one("#load-panel").display = False
         info = event.info
-        self.pacer.cpu_share = cpu_share_for(info.threads, os.cpu_count())
+        self.pacer.cpu_share = share = cpu_share_for(info.threads, os.cpu_count())
+        self.pacer.max_interval = max_interval_for(share)
         self.query_one(StatusBar).show_model(info.name, info.gpu_layers, info.total_layers)
         await self._show_turns(event.turns, window_start=event.window_start)
         self.query_one(PromptBox).focus()
@@ -327,34 +334,66 @@ class ChatScreen(SessionActions, VersionActions):
         self._tokens = 0
         self.query_one("#chat-log", VerticalScroll).anchor()
         self.query_one(StatusBar).show_speed(None, None)
-        assert self._timer is not None
         self.pacer.start()
         self._gc.begin()
         if self._prompt_box is not None:
             # A steady cursor while the reply streams: each blink is a repaint, and on shared
             # cores every bit of the UI's CPU comes out of decoding.
             self._blink, self._prompt_box.cursor_blink = self._prompt_box.cursor_blink, False
-        self._timer.resume()
         self._generate(job, self._cancel)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _generate(self, job: ReplyJob, cancel: threading.Event) -> None:
+        # Only what is shown at once wakes the UI thread; text waits for the pacer's tick.
+        inbox, wake, first = self._inbox, self.InboxWoke, True
         try:
             for event in job(cancel):
-                self._inbox.append(event)
+                inbox.append(event)
+                if first or not isinstance(event, ReplyText):
+                    first = False
+                    self.post_message(wake())
         except LocalfabError as exc:
-            self._inbox.append(ReplyFailed(str(exc)))
+            inbox.append(ReplyFailed(str(exc)))
         except Exception as exc:  # shown on the reply; the chat goes on
-            self._inbox.append(ReplyFailed(f"{type(exc).__name__}: {exc}"))
+            inbox.append(ReplyFailed(f"{type(exc).__name__}: {exc}"))
         finally:
-            self._inbox.append(_END)
+            inbox.append(_END)
+            self.post_message(wake())
+
+    @on(InboxWoke)
+    async def _woke(self) -> None:
+        await self._drain()
+
+    def _schedule_tick(self) -> None:
+        """While a reply streams, sleep until the pacer lets waiting text be drawn (at least a
+        frame when none waits: the worker wakes the screen for anything else)."""
+        if self._tick is not None:
+            self._tick.stop()
+            self._tick = None
+        if not self.streaming:
+            return
+        wait = self.pacer.wait()
+        if not any(isinstance(i, ReplyText) for i in self._inbox):
+            wait = max(wait, FRAME_SECONDS)
+        self._tick = self.set_timer(max(wait, 0.001), self._ticked)
+
+    def _ticked(self) -> None:
+        # Drained in the screen's own message loop, never beside a drain the worker asked for.
+        self._tick = None
+        self.post_message(self.InboxWoke())
 
     async def _drain(self) -> None:
         """Move what the worker produced onto the screen: one batch of text per frame.
 
         Text waits while the pacer says so; anything else (an end, a failure, a shift) is
-        handled at once, with the text before it.
+        handled at once, with the text before it. Then the next tick is set.
         """
+        try:
+            await self._drain_inbox()
+        finally:
+            self._schedule_tick()
+
+    async def _drain_inbox(self) -> None:
         if not self._inbox:
             return
         if self._prompt_box is not None:
@@ -418,8 +457,6 @@ class ChatScreen(SessionActions, VersionActions):
             self.label_new_messages()
             self.replies_finished += 1
             self.streaming = False
-            if self._timer is not None:
-                self._timer.pause()
             if self._prompt_box is not None:
                 self._prompt_box.cursor_blink = self._blink
             self._show_context()
