@@ -222,6 +222,34 @@ def test_verifies_hold_no_more_tokens_than_llama_cpp_computes_exactly(model_path
             assert fast.timings.draft_n_accepted > 0
 
 
+def test_with_a_quantized_cache_a_verify_past_256_tokens_is_bit_exact(model_path: Path) -> None:
+    # With an f16 cache llama.cpp decodes one token past 256 cells with another flash-attention
+    # kernel than a batch (see spec.py); with q8_0 both take the same one, so a verify of up to
+    # `exact_batch` tokens gives plain decoding's logits at any length.
+    import numpy as np
+
+    from localfab.engine import Engine, EngineSettings
+
+    settings = EngineSettings(n_ctx=1024, n_batch=512, repack=False, type_k="q8_0", type_v="q8_0")
+    with Engine(model_path, settings) as engine:
+        engine.set_speculation(SpecSettings(spec_type="ngram-simple", draft_max=16))
+        n = engine.speculation_batch
+        assert n >= 2
+        kv = engine._kv
+        prompt = engine.tokenize(TEXT * 6)[:400]
+        kv.clear()
+        kv.decode(prompt, 0)
+        tokens, want = [], []
+        for _ in range(n):  # plain decoding, one token at a time
+            tokens.append(int(kv.logits().argmax()))
+            kv.decode_one(tokens[-1])
+            want.append(kv.logits().copy())
+        kv.truncate(len(prompt))
+        rows = kv.decode_rows(tokens, len(prompt))
+        assert all(np.array_equal(rows[i], want[i]) for i in range(n))
+        kv.clear()
+
+
 def test_adaptive_speculation_gives_the_same_text(eng: Any) -> None:
     prompt = eng.tokenize(REWRITE)
     plain, fast = both(

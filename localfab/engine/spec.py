@@ -14,10 +14,14 @@ Plain decoding must be matched bit for bit, or a near tie between two tokens cou
 the other way. llama.cpp computes a batch with other CPU kernels than one token in three cases:
 repacked weights from 4 tokens on (a model loaded with `EngineSettings(repack=False)` avoids
 that, at some cost to plain decoding), other matrix kernels from 8 tokens on (so a verify holds
-no more tokens than `exact_batch` measures), and flash attention split over the threads for
-one token once the cache spans 512 padded cells (past 256 tokens). That last one cannot be
-avoided from here: past it a verified position's logits may differ in the last bits, as with
-llama-server's own speculation, and a near tie may go the other way.
+no more tokens than `exact_batch` measures), and flash attention over an f16 or f32 cache,
+which for one token is split over the threads once the cache spans 512 padded cells (past 256
+tokens): V is summed in f16 in both, but over other ranges, so the roundings differ. That last
+one is not small: on the test model past 256 tokens a verified position's logits differ from
+one-token decoding by up to 0.9 (margins between the two likeliest tokens move by as much), as
+with llama-server's own speculation, and a close call may go the other way. A quantized cache
+(q8_0) takes the same kernel for one token and a batch: there a verify of up to `exact_batch`
+tokens is bit-exact at any length (measured to 7 tokens without repacked weights, 3 with).
 """
 
 from __future__ import annotations
