@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -404,3 +405,26 @@ async def test_the_load_bar_shows_the_weights_fraction_and_cancel_stops_them(his
         assert not app.chat.loaded
         assert len(seen) < 400  # the weights stopped mid-way
         assert not isinstance(app.screen, ErrorDialog)
+
+
+async def test_the_final_speed_stays_when_the_end_comes_before_the_workers_last_word(history):
+    # The reply's end wakes the screen at once; the worker's own end may come later, and the
+    # live figure must not replace the final one meanwhile.
+    app, _ = build_app(history)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await loaded(pilot, app)
+        backend = app.backend
+        send_reply = backend.send
+
+        def late_end(text, *, cancel):
+            yield from send_reply(text, cancel=cancel)
+            time.sleep(0.4)
+
+        backend.send = late_end
+        await send(pilot, app, "hello there")
+        await wait_for(pilot, lambda: chat.last_finish == "stop")
+        await pilot.pause(0.2)
+        assert chat.streaming  # the worker has not ended yet
+        speed = label_text(app, "#status-speed")
+        await finished(pilot, app)
+    assert "tok/s" in speed and "—" not in speed

@@ -161,6 +161,7 @@ class ChatScreen(SessionActions, VersionActions):
         self._sent_at = 0.0
         self._first_at: float | None = None
         self._tokens = 0
+        self._ended = False  # the reply's end (its final figures) has been shown
         self._panel_user_set = False
         self._deleted: DeletedSession | None = None
         self._interrupt_at = 0.0
@@ -332,6 +333,7 @@ class ChatScreen(SessionActions, VersionActions):
         self._sent_at = time.monotonic()
         self._first_at = None
         self._tokens = 0
+        self._ended = False
         self.query_one("#chat-log", VerticalScroll).anchor()
         self.query_one(StatusBar).show_speed(None, None)
         self.pacer.start()
@@ -417,7 +419,9 @@ class ChatScreen(SessionActions, VersionActions):
         if batch and view is not None:
             await view.write("".join(batch))
         self.pacer.drawn()
-        if self.streaming and self._first_at is not None:
+        # Live figures until the reply's end has shown the final ones (the end wakes the screen
+        # at once, so the worker's last word may still be on its way).
+        if self.streaming and self._first_at is not None and not self._ended:
             elapsed = time.monotonic() - self._first_at
             ttft = (self._first_at - self._sent_at) * 1e3
             speed = (self._tokens - 1) / elapsed if elapsed > 0.2 and self._tokens > 1 else None
@@ -436,6 +440,7 @@ class ChatScreen(SessionActions, VersionActions):
             if view is not None:
                 view.set_footer(f"continuing ({item.count}/{item.limit})…")
         elif isinstance(item, ReplyFinished):
+            self._ended = True
             self.last_finish = item.finish_reason
             if view is not None:
                 await view.end_stream()
