@@ -355,3 +355,20 @@ def test_close_waits_for_a_generation_on_another_thread(model_path):
     thread.join(120)
     assert result["events"] == 25  # 24 tokens and the Done: it ran to its end, unharmed
     assert eng._ctx is None
+
+
+def test_buffer_sizes_count_the_repacked_weights_apart():
+    from localfab.engine.native import parse_buffer_sizes
+
+    sizes = parse_buffer_sizes(
+        [
+            "load_tensors:   CPU_Mapped model buffer size =   235.16 MiB\n",
+            "load_tensors:   CPU_REPACK model buffer size =    12.66 MiB\n",
+            "llama_kv_cache:        CPU KV buffer size =    60.00 MiB\n",
+        ]
+    )
+    mib = 1024 * 1024
+    assert sizes.model_bytes == round(235.16 * mib) + round(12.66 * mib)
+    assert sizes.repacked_bytes == round(12.66 * mib)
+    assert sizes.by_device["CPU"]["KV"] == 60 * mib
+    assert parse_buffer_sizes(["CPU_Mapped model buffer size = 1.00 MiB"]).repacked_bytes == 0

@@ -205,8 +205,9 @@ def test_verifies_hold_no_more_tokens_than_llama_cpp_computes_exactly(model_path
     with Engine(model_path, EngineSettings(n_ctx=512, n_batch=512)) as repacked:
         repacked.set_speculation(SpecSettings(spec_type="ngram-simple", draft_max=16))
         exact = repacked.speculation_batch
-        # Repacked weights use other kernels from 4 tokens on (on CPUs that repack).
-        assert 1 <= exact <= 17
+        # Repacked weights use other kernels from 4 tokens on (on CPUs that repack), whose rows
+        # round as one token's only sometimes: verifies stay within 3 there.
+        assert 1 <= exact <= (3 if repacked.buffers.repacked_bytes else 17)
         repacked.set_speculation(SpecSettings(spec_type="ngram-simple", exact=False))
         assert repacked.speculation_batch == 17
         prompt = repacked.tokenize(REWRITE)

@@ -223,7 +223,8 @@ def free_threadpools(pools: Sequence[int]) -> None:
 # --- loading -----------------------------------------------------------------------------------
 
 _BUFFER_RE = re.compile(
-    r"(?P<dev>[\w\-]+?)(?:_Mapped|_REPACK)?\s+(?P<kind>model|KV|compute|RS)\s+buffer size\s*=\s*"
+    r"(?P<dev>[\w\-]+?)(?P<suffix>_Mapped|_REPACK)?\s+(?P<kind>model|KV|compute|RS)\s+buffer size"
+    r"\s*=\s*"
     r"(?P<mib>[\d.]+)\s*MiB"
 )
 
@@ -232,12 +233,15 @@ def parse_buffer_sizes(lines: Sequence[str]) -> BufferSizes:
     """Sum the buffer sizes llama.cpp logs while loading ('CPU KV buffer size = 6.00 MiB')."""
     totals = {"model": 0, "KV": 0, "compute": 0, "RS": 0}
     by_device: dict[str, dict[str, int]] = {}
+    repacked = 0
     for line in lines:
         m = _BUFFER_RE.search(line)
         if not m:
             continue
         size = round(float(m["mib"]) * 1024 * 1024)
         totals[m["kind"]] += size
+        if m["suffix"] == "_REPACK":
+            repacked += size
         dev = by_device.setdefault(m["dev"], {})
         dev[m["kind"]] = dev.get(m["kind"], 0) + size
     return BufferSizes(
@@ -245,6 +249,7 @@ def parse_buffer_sizes(lines: Sequence[str]) -> BufferSizes:
         kv_bytes=totals["KV"] + totals["RS"],
         compute_bytes=totals["compute"],
         by_device=by_device,
+        repacked_bytes=repacked,
     )
 
 

@@ -354,6 +354,11 @@ class _Reply:
 
 # Batch sizes probed for bit-identical logits (the pending token and up to 15 drafted ones).
 _PROBE_MAX = 16
+# With repacked weights llama.cpp computes 4 rows of a batch at a time from 4 tokens on, with
+# other kernels than one row; whether those round as one token's do depends on the data (a probe
+# found 7 exact on an AVX-512 CPU, and a reply parted from plain decoding at its 88th token), so
+# no probe vouches for them.
+_REPACKED_MAX = 3
 _PROBE_TEXT = (
     "The quick brown fox jumps over the lazy dog while the farmer counts his sheep and the "
     "children sing in the old school by the river. In the evening, 42 lamps were lit; "
@@ -369,6 +374,8 @@ def exact_batch(engine: Engine, n_max: int = _PROBE_MAX) -> int:
     at once than this keeps a verified position's logits those of plain decoding. Clears the
     cache.
     """
+    if engine.buffers.repacked_bytes:
+        n_max = min(n_max, _REPACKED_MAX)
     kv = engine._kv
     # Some kernels change with the length of the cache too: probe near 256 cells, the most
     # the one-token attention keeps to one thread, with one prefill and short verifies.

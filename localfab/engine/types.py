@@ -290,6 +290,7 @@ class BufferSizes:
     kv_bytes: int
     compute_bytes: int
     by_device: dict[str, dict[str, int]] = field(default_factory=dict)
+    repacked_bytes: int = 0  # of model_bytes, weights repacked for the CPU's faster kernels
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
