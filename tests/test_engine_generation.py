@@ -27,6 +27,7 @@ def test_generation_options_keep_stop_strings_immutable() -> None:
 @pytest.mark.model
 def test_options_object_and_keywords_give_the_same_reply(engine: Engine) -> None:
     tokens = engine.tokenize("The history of the city of Rome begins")
+    engine.clear_cache()  # both from an empty cache (see test_engine.test_seeded_sampling_repeats)
     by_keywords = engine.generate(tokens, max_tokens=12, sampling=GREEDY)
     engine.clear_cache()
     by_options = engine.generate(tokens, GenerationOptions(max_tokens=12, sampling=GREEDY))
