@@ -375,7 +375,7 @@ class ChatScreen(SessionActions, VersionActions):
         if not self.streaming:
             return
         wait = self.pacer.wait()
-        if not any(isinstance(i, ReplyText) for i in self._inbox):
+        if not self._inbox:  # (not iterated: the worker appends to it meanwhile)
             wait = max(wait, FRAME_SECONDS)
         self._tick = self.set_timer(max(wait, 0.001), self._ticked)
 
