@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localfab.config import Config, Paths, check_threads
-from localfab.engine.types import EngineSettings, SpecSettings
+from localfab.engine.types import ONE_THREAD_CELLS, EngineSettings, SpecSettings
 from localfab.errors import LocalfabError, UsageError
 
 if TYPE_CHECKING:
@@ -267,11 +267,20 @@ def start_speculation(engine: Engine, spec: SpecSettings) -> str:
         engine.set_speculation(None)
         return (
             "running without speculative decoding: llama.cpp computes batches differently "
-            "from single tokens here (try -fa on), so drafts could change the text "
+            "from single tokens with these settings (on the CPU, -fa on with a quantized KV "
+            "cache computes them alike), so drafts could change the text "
             "(--no-spec-exact allows that)"
         )
     what = f"draft model {Path(spec.model_draft or '').name}" if draft else spec.spec_type
-    return f"speculative decoding with {what}, up to {min(n, spec.draft_max)} tokens per step"
+    said = f"speculative decoding with {what}, up to {min(n, spec.draft_max)} tokens per step"
+    if engine.speculation_batch_past < engine.speculation_batch:
+        past = engine.speculation_batch_past - 1
+        said += (
+            f" within the first {ONE_THREAD_CELLS} tokens of context, {past or 'none'} past them "
+            "(llama.cpp computes one token's attention over an f16 KV cache differently there; "
+            "-ctk q8_0 -ctv q8_0 computes it alike)"
+        )
+    return said
 
 
 def load_model(

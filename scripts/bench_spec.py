@@ -8,7 +8,8 @@ machine hits every contender alike), medians over --runs:
   ngram-map-k, ngram-mod and ngram-cache. Decode tok/s, acceptance, and whether localfab's
   speculative text is its plain text (and each llama-server mode's text llama-server's own
   plain text, --spec-type none); also localfab with --no-spec-exact and 48-token drafts,
-  as llama-server drafts.
+  as llama-server drafts, and exact speculation on batch-invariant kernels with a q8_0 cache
+  (`SpecSettings.load_settings`) beside plain decoding at those settings.
 - free: free-form text with no overlap with the prompt (sampled at temperature 0.8 with one
   seed per run, the same for both, as a small model loops when greedy): localfab with
   ngram-simple must stay within 0.97x of no speculation.
@@ -226,9 +227,17 @@ def local_contenders(model: str, threads: int) -> dict[str, Any]:
     from localfab.engine.types import SpecSettings
 
     settings = EngineSettings(n_ctx=4096, n_threads=threads)
+    # Exact speculation on batch-invariant kernels and a q8_0 cache (`SpecSettings.load_settings`),
+    # beside plain decoding at the same settings. Loaded first: llama.cpp chooses its tiled
+    # kernels once per process, at its first matrix product.
+    exact = SpecSettings(spec_type="ngram-simple")
+    invariant_settings = exact.load_settings(settings)[0]
+    invariant = Engine(model, invariant_settings)
+    invariant.set_speculation(exact)
+    invariant_plain = Engine(model, invariant_settings)
     plain = Engine(model, settings)
     ngram = Engine(model, settings)
-    ngram.set_speculation(SpecSettings(spec_type="ngram-simple"))
+    ngram.set_speculation(exact)
     loose = Engine(model, settings)
     loose.set_speculation(SpecSettings(spec_type="ngram-simple", exact=False, draft_max=48))
     # Not adaptive: a draft as large as the model never pays, and the mechanics are the point.
@@ -242,6 +251,8 @@ def local_contenders(model: str, threads: int) -> dict[str, Any]:
         "localfab ngram-simple": ngram,
         "localfab ngram-simple no-exact": loose,
         "localfab draft-simple": drafted,
+        "localfab invariant": invariant_plain,
+        "localfab invariant ngram-simple": invariant,
     }
 
 
@@ -259,7 +270,13 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     for name, engine in engines.items():  # warm-up, not measured
         engine_reply(engine, name, rewrite, 16)
     for run in range(args.runs):
-        for name in ("localfab", "localfab ngram-simple", "localfab ngram-simple no-exact"):
+        for name in (
+            "localfab",
+            "localfab ngram-simple",
+            "localfab ngram-simple no-exact",
+            "localfab invariant",
+            "localfab invariant ngram-simple",
+        ):
             add(engine_reply(engines[name], name, rewrite, args.tokens), "rewrite")
         for name in ("localfab", "localfab ngram-simple"):
             add(engine_reply(engines[name], name, free, args.tokens, seed=run), "free")
@@ -396,6 +413,7 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
     base = m["rewrite: localfab"]
     spec = m["rewrite: localfab ngram-simple"]
     loose = m["rewrite: localfab ngram-simple no-exact"]
+    inv, inv_plain = m["rewrite: localfab invariant ngram-simple"], m["rewrite: localfab invariant"]
     servers = {
         k: v
         for k, v in m.items()
@@ -436,6 +454,16 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
             if server_plain
             else None
         ),
+        # Exact speculation on batch-invariant kernels and a q8_0 cache: against plain decoding
+        # at the planned settings (speed, text) and at its own (text).
+        "invariant_speedup": inv.decode_tok_s / base.decode_tok_s,
+        "invariant_identical_text": inv.text == base.text,
+        "invariant_identical_to_its_plain": inv.text == inv_plain.text,
+        "invariant_plain_vs_plain": inv_plain.decode_tok_s / base.decode_tok_s,
+        "invariant_acceptance": inv.acceptance,
+        "invariant_vs_best_llama_server": (
+            inv.decode_tok_s / best_server.decode_tok_s if best_server else None
+        ),
         "free_ratio": free_spec.decode_tok_s / free_base.decode_tok_s,
         "draft_acceptance": draft_spec.acceptance,
         "draft_speedup": draft_spec.decode_tok_s / draft_base.decode_tok_s,
@@ -461,6 +489,12 @@ def _render(report: dict[str, Any]) -> str:
         "best_llama_server",
         "llama_server_identical_text",
         "llama_server_first_difference_at_char",
+        "invariant_speedup",
+        "invariant_identical_text",
+        "invariant_identical_to_its_plain",
+        "invariant_plain_vs_plain",
+        "invariant_acceptance",
+        "invariant_vs_best_llama_server",
         "free_ratio",
         "draft_acceptance",
         "draft_speedup",

@@ -123,6 +123,31 @@ def test_bad_speculation_settings_are_one_clear_line(settings: SpecSettings, wor
     assert "\n" not in str(info.value)
 
 
+def test_exact_speculation_loads_batch_invariant_kernels_and_a_q8_0_cache() -> None:
+    from dataclasses import replace
+
+    from localfab.engine import EngineSettings
+
+    planned = EngineSettings(n_ctx=1024, n_threads=2)
+    loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(planned)
+    assert loaded == replace(planned, batch_invariant=True, type_k="q8_0", type_v="q8_0")
+    assert notice is not None and "KV cache q8_0" in notice
+    # An already quantized cache stays, and the notice does not speak of it.
+    q4 = replace(planned, type_k="q4_0", type_v="q4_0")
+    loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(q4)
+    assert loaded == replace(q4, batch_invariant=True)
+    assert notice is not None and "KV cache" not in notice
+    # Left as planned: no speculation, --no-spec-exact, layers on a GPU (other kernels), and
+    # no flash attention (a quantized V cache needs it).
+    for spec, settings in (
+        (SpecSettings(), planned),
+        (SpecSettings(spec_type="ngram-simple", exact=False), planned),
+        (SpecSettings(spec_type="ngram-simple"), replace(planned, n_gpu_layers=12)),
+        (SpecSettings(spec_type="ngram-simple"), replace(planned, flash_attn="off")),
+    ):
+        assert spec.load_settings(settings) == (settings, None)
+
+
 # --- on the real model -------------------------------------------------------------------------
 
 
@@ -130,7 +155,10 @@ def test_bad_speculation_settings_are_one_clear_line(settings: SpecSettings, wor
 def eng(model_path: Path) -> Iterator[Any]:
     from localfab.engine import Engine, EngineSettings
 
-    engine = Engine(model_path, EngineSettings(n_ctx=2048, n_batch=512, repack=False))
+    engine = Engine(
+        model_path,
+        EngineSettings(n_ctx=2048, n_batch=512, batch_invariant=True, type_k="q8_0", type_v="q8_0"),
+    )
     yield engine
     engine.close()
 
@@ -221,6 +249,27 @@ def test_verifies_hold_no_more_tokens_than_llama_cpp_computes_exactly(model_path
         same(plain, fast)
         if exact > 1:
             assert fast.timings.draft_n_accepted > 0
+
+
+def test_past_256_tokens_of_an_f16_cache_no_draft_is_verified(model_path: Path) -> None:
+    from localfab.engine import Engine, EngineSettings
+    from localfab.engine.spec import exact_batch
+    from localfab.runtime import start_speculation
+
+    prompt_text = TEXT * 6
+    with Engine(model_path, EngineSettings(n_ctx=1024, n_batch=512, repack=False)) as engine:
+        # One token's attention is split over the threads there, a batch's is not.
+        within, past = exact_batch(engine, 17)
+        assert within > 1 and past == 1
+        notice = start_speculation(engine, SpecSettings(spec_type="ngram-simple"))
+        assert "none past them" in notice and "-ctk q8_0" in notice
+        assert engine.speculation_batch == within and engine.speculation_batch_past == 1
+        prompt = engine.tokenize(prompt_text)[:300]
+        engine.clear_cache()
+        done = engine.generate(prompt, max_tokens=40, sampling=GREEDY)
+        # A copy it would draft all of, but no verify goes past 256 cells.
+        assert done.timings.draft_n == 0
+        engine.set_speculation(None)
 
 
 def test_with_a_quantized_cache_a_verify_past_256_tokens_is_bit_exact(model_path: Path) -> None:
@@ -454,7 +503,10 @@ def test_a_context_shift_during_a_reply_gives_the_same_text(small: Any) -> None:
 def drafted(model_path: Path) -> Iterator[Any]:
     from localfab.engine import Engine, EngineSettings
 
-    engine = Engine(model_path, EngineSettings(n_ctx=512, n_batch=512, repack=False))
+    engine = Engine(
+        model_path,
+        EngineSettings(n_ctx=512, n_batch=512, batch_invariant=True, type_k="q8_0", type_v="q8_0"),
+    )
     draft = engine.load_draft(model_path)
     engine.set_speculation(
         SpecSettings(

@@ -30,8 +30,15 @@ N_SLOTS = 3
 def eng(model_path: Path) -> Iterator[Any]:
     from localfab.engine import Engine, EngineSettings
 
-    # 768 cells per slot; unrepacked weights keep verifies exact to more tokens.
-    settings = EngineSettings(n_ctx=768 * N_SLOTS, n_batch=512, n_seq_max=N_SLOTS, repack=False)
+    # 768 cells per slot; batch-invariant kernels and a q8_0 cache keep long verifies exact.
+    settings = EngineSettings(
+        n_ctx=768 * N_SLOTS,
+        n_batch=512,
+        n_seq_max=N_SLOTS,
+        batch_invariant=True,
+        type_k="q8_0",
+        type_v="q8_0",
+    )
     engine = Engine(model_path, settings)
     yield engine
     engine.close()
@@ -155,7 +162,13 @@ def test_a_context_shift_on_a_speculating_slot_gives_the_same_text(model_path: P
     from localfab.engine import Engine, EngineSettings
 
     settings = EngineSettings(
-        n_ctx=512, n_batch=256, n_seq_max=2, warmup=False, repack=False
+        n_ctx=512,
+        n_batch=256,
+        n_seq_max=2,
+        warmup=False,
+        batch_invariant=True,
+        type_k="q8_0",
+        type_v="q8_0",
     )  # 256 per slot
     with Engine(model_path, settings) as small:
         prompt = small.tokenize("Repeat after me: " + TEXT)
@@ -183,7 +196,9 @@ def test_a_context_shift_on_a_speculating_slot_gives_the_same_text(model_path: P
 def test_a_draft_model_drafts_for_each_slot_in_its_own_sequence(model_path: Path) -> None:
     from localfab.engine import Engine, EngineSettings
 
-    settings = EngineSettings(n_ctx=1024, n_batch=512, n_seq_max=2, repack=False)
+    settings = EngineSettings(
+        n_ctx=1024, n_batch=512, n_seq_max=2, batch_invariant=True, type_k="q8_0", type_v="q8_0"
+    )
     with Engine(model_path, settings) as engine:
         draft = engine.load_draft(model_path)
         assert draft.n_seq_max == 2 and draft.n_ctx == engine.n_ctx
@@ -220,7 +235,14 @@ def test_a_full_shared_pool_retries_the_step_without_its_drafts(model_path: Path
 
     pool = 512
     settings = EngineSettings(
-        n_ctx=pool, n_batch=512, n_seq_max=2, kv_unified=True, repack=False, warmup=False
+        n_ctx=pool,
+        n_batch=512,
+        n_seq_max=2,
+        kv_unified=True,
+        batch_invariant=True,
+        type_k="q8_0",
+        type_v="q8_0",
+        warmup=False,
     )
     with Engine(model_path, settings) as engine:
         prompts = [engine.tokenize(REWRITE), engine.tokenize(REWRITE.replace("Peter", "Anna"))]

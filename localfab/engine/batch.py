@@ -348,7 +348,8 @@ class BatchDecoder:
             sp.drafter.push(tok)
         sp.n_pushed = len(r.generated)
         kv = slot.kv
-        room = min(room, kv.n_ctx - len(kv.cached) - 1, self.speculator.max_batch - 1)
+        n = len(kv.cached)
+        room = min(room, kv.n_ctx - n - 1, self.speculator.limit(n) - 1)
         if r.opts.max_tokens > 0:
             room = min(room, r.opts.max_tokens - len(r.generated) - 1)
         k = sp.tuner.length(min(room, s.draft_max))

@@ -71,7 +71,7 @@ class Engine:
         # Speculative decoding, when turned on (`set_speculation`); the stream picks its loop
         # by this once per reply.
         self._speculator: Speculator | None = None
-        self._exact_batch: dict[int, int] = {}
+        self._exact_batch: dict[int, tuple[int, int]] = {}
         check_gguf_file(self.path)
         native.ensure_backend()
         native.check_settings(s)
@@ -352,6 +352,11 @@ class Engine:
         return 0 if self._speculator is None else self._speculator.max_batch
 
     @property
+    def speculation_batch_past(self) -> int:
+        """The same once the cache holds more than `ONE_THREAD_CELLS` (see `spec.exact_batch`)."""
+        return 0 if self._speculator is None else self._speculator.max_batch_past
+
+    @property
     def draft_engine(self) -> Engine | None:
         """The draft model's engine with "draft-simple", else None."""
         return None if self._speculator is None else self._speculator.draft_engine
@@ -368,7 +373,7 @@ class Engine:
         "draft-simple" needs `draft` (see `load_draft`); the engine owns it from here on and
         closes it with itself or when speculation changes. Turning it on measures how many
         tokens one verify may hold (`spec.exact_batch`), which clears the cache; load the
-        engine with `EngineSettings(repack=False)` for long verifies.
+        engine as `SpecSettings.load_settings` says for long verifies.
         """
         if settings is not None and settings.enabled:
             settings.check()
@@ -384,8 +389,8 @@ class Engine:
                 n = min(settings.draft_max + 1, self.n_batch)
                 if settings.exact and n not in self._exact_batch:  # once per engine and size
                     self._exact_batch[n] = exact_batch(self, n)
-                batch = self._exact_batch[n] if settings.exact else n
-                self._speculator = Speculator(settings, use, batch)
+                within, past = self._exact_batch[n] if settings.exact else (n, n)
+                self._speculator = Speculator(settings, use, within, past)
             if old is not None and old.draft_engine is not draft:
                 old.close()
 

@@ -10,6 +10,7 @@ import _thread
 import ctypes
 import functools
 import logging
+import os
 import re
 import signal
 import threading
@@ -360,7 +361,9 @@ def load_model(
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = s.n_gpu_layers
     mparams.use_mmap = s.use_mmap
-    mparams.use_extra_bufts = extra_buffers(s.repack)
+    mparams.use_extra_bufts = extra_buffers(s.repack and not s.batch_invariant)
+    if s.batch_invariant:
+        os.environ["GGML_CPU_TILED_MM"] = "0"  # see EngineSettings.batch_invariant
     watcher = _LoadProgress(progress) if progress is not None else None
     if watcher is not None:
         # The ctypes callback object must outlive the call that uses it: it is kept on the

@@ -12,16 +12,17 @@ window are handled token by token as in the plain loop.
 
 Plain decoding must be matched bit for bit, or a near tie between two tokens could be broken
 the other way. llama.cpp computes a batch with other CPU kernels than one token in three cases:
-repacked weights from 4 tokens on (a model loaded with `EngineSettings(repack=False)` avoids
-that, at some cost to plain decoding), other matrix kernels from 8 tokens on (so a verify holds
-no more tokens than `exact_batch` measures), and flash attention over an f16 or f32 cache,
-which for one token is split over the threads once the cache spans 512 padded cells (past 256
-tokens): V is summed in f16 in both, but over other ranges, so the roundings differ. That last
-one is not small: on the test model past 256 tokens a verified position's logits differ from
-one-token decoding by up to 0.9 (margins between the two likeliest tokens move by as much), as
-with llama-server's own speculation, and a close call may go the other way. A quantized cache
-(q8_0) takes the same kernel for one token and a batch: there a verify of up to `exact_batch`
-tokens is bit-exact at any length (measured to 7 tokens without repacked weights, 3 with).
+repacked weights from 4 tokens on, its tiled K-quant kernels from 8 tokens on, and flash
+attention over an f16 or f32 cache, which for one token is split over the threads once the
+cache spans 512 padded cells (past 256 tokens): V is summed in f16 in both, but over other
+ranges, so the roundings differ. That last one is not small: on the test model past 256 tokens
+a verified position's logits differ from one-token decoding by up to 0.9 (margins between the
+two likeliest tokens move by as much), as with llama-server's own speculation. So exact
+speculation on the CPU loads the model with `EngineSettings.batch_invariant` (no repacked
+weights, no tiled kernels) and a q8_0 cache (`SpecSettings.load_settings`), where one token and
+a batch of up to 63 take the same kernels at any length, and a verify holds no more tokens than
+`exact_batch` measures (a whole draft there; 3 with repacked weights, 1 past 256 tokens of an
+f16 cache, where speculation then stays off).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from localfab.engine.kvcache import KVCache
 from localfab.engine.sampling import GuardedSampler
 from localfab.engine.text import StopMatcher, Utf8Stream
 from localfab.engine.types import (
+    ONE_THREAD_CELLS,
     FinishReason,
     GenerationOptions,
     SpecSettings,
@@ -366,38 +368,72 @@ _PROBE_TEXT = (
 )
 
 
-def exact_batch(engine: Engine, n_max: int = _PROBE_MAX) -> int:
-    """The largest batch whose logits equal, bit for bit, those of one-token decodes.
+def exact_batch(engine: Engine, n_max: int = _PROBE_MAX) -> tuple[int, int]:
+    """The largest batches whose logits equal, bit for bit, those of one-token decodes: for a
+    verify that ends within `ONE_THREAD_CELLS` of cache, and for one past them.
 
-    llama.cpp switches to other CPU kernels for larger batches (8 tokens and more here, 4
-    with repacked weights), whose results differ in the last bits; verifying no more tokens
-    at once than this keeps a verified position's logits those of plain decoding. Clears the
-    cache.
+    llama.cpp switches to other CPU kernels for larger batches (8 tokens and more, 4 with
+    repacked weights; `EngineSettings.batch_invariant` avoids both), whose results differ in
+    the last bits; verifying no more tokens at once than this keeps a verified position's
+    logits those of plain decoding. Probed at two lengths of the cache: up to 256 cells, and,
+    where the context holds it, past them, where flash attention over an f16 cache splits one
+    token over the threads (a batch is not split: there only a quantized cache stays exact).
+    Clears the cache.
     """
     if engine.buffers.repacked_bytes:
         n_max = min(n_max, _REPACKED_MAX)
     kv = engine._kv
-    # Some kernels change with the length of the cache too: probe near 256 cells, the most
-    # the one-token attention keeps to one thread, with one prefill and short verifies.
-    toks = engine.tokenize(_PROBE_TEXT * 5)[: min(240, kv.n_ctx - 1)]
-    n_max = max(1, min(n_max, len(toks) // 2, kv.n_batch))
-    head, tail = toks[: len(toks) - n_max], toks[len(toks) - n_max :]
-    kv.clear()
+    n_max = max(1, min(n_max, kv.n_batch))
+    toks = engine.tokenize(_PROBE_TEXT * 5)
     try:
-        kv.decode(head, 0)
-        want = []
-        for tok in tail:
-            kv.decode_one(tok)
-            want.append(kv.logits().copy())
-        best = 1
-        for b in range(2, n_max + 1):
-            kv.truncate(len(head))
-            rows = kv.decode_rows(tail[:b], len(head))
-            if not all(np.array_equal(rows[i], want[i]) for i in range(b)):
-                break
-            best = b
+        short = min(_PROBE_SHORT, kv.n_ctx - 1, len(toks))
+        n_max = max(1, min(n_max, short // 2))
+        kv.clear()
+        kv.decode(toks[: short - n_max], 0)
+        within = past = _exact_at(kv, toks[:short], n_max)
+        long = _PROBE_PAST + within
+        if within > 1 and long < min(kv.n_ctx, len(toks)):
+            kv.decode(toks[short - n_max : _PROBE_PAST], short - n_max)
+            past = _exact_at(kv, toks[:long], within)
     finally:
         kv.clear()
+    return within, past
+
+
+# The probe's verifies end near 256 cells of cache (one token's attention on one thread), then
+# run again past them (for an f16 or f32 cache split over the threads, a batch's is not).
+_PROBE_SHORT = 240
+_PROBE_PAST = ONE_THREAD_CELLS + 8
+# Sizes a verify is tried at before all are: each where llama.cpp changes kernels (4 rows with
+# repacked weights, 8 with its tiled ones) and the largest; all only when one of them fails.
+_PROBE_SIZES = (2, 3, 4, 8)
+
+
+def _exact_at(kv: KVCache, toks: Sequence[int], n_max: int) -> int:
+    """The largest verify, up to `n_max` tokens ending at len(toks), whose rows equal those of
+    one-token decodes; the cache holds toks[: len(toks) - n_max]."""
+    at = len(toks) - n_max
+    tail = list(toks[at:])
+    want = []
+    for tok in tail:
+        kv.decode_one(tok)
+        want.append(kv.logits().copy())
+
+    def exact(b: int) -> bool:
+        kv.truncate(at)
+        rows = kv.decode_rows(tail[:b], at)
+        return all(np.array_equal(rows[i], want[i]) for i in range(b))
+
+    sizes = [b for b in (*_PROBE_SIZES, n_max) if b <= n_max]
+    if all(exact(b) for b in sizes):
+        best = n_max
+    else:
+        best = 1
+        for b in range(2, n_max + 1):
+            if not exact(b):
+                break
+            best = b
+    kv.truncate(at)
     return best
 
 
@@ -405,19 +441,30 @@ class Speculator:
     """The speculative token loop of an engine (one per engine; see `Engine.set_speculation`).
 
     `max_batch` caps a verify (the pending token and the draft) at the size `exact_batch`
-    found to give the logits of plain decoding.
+    found to give the logits of plain decoding, `max_batch_past` one that goes past
+    `ONE_THREAD_CELLS` of cache (`limit`).
     """
 
     def __init__(
-        self, settings: SpecSettings, draft: Engine | None = None, max_batch: int = _PROBE_MAX
+        self,
+        settings: SpecSettings,
+        draft: Engine | None = None,
+        max_batch: int = _PROBE_MAX,
+        max_batch_past: int | None = None,
     ) -> None:
         self.settings = settings
         self.draft_engine = draft
         self.max_batch = max_batch
+        self.max_batch_past = max_batch if max_batch_past is None else max_batch_past
         self.costs = SpecCosts()
         self.drafter: Drafter = (
             ModelDraft(draft, settings.draft_p_min) if draft is not None else NgramDraft()
         )
+
+    def limit(self, n_cached: int) -> int:
+        """The most tokens a verify after `n_cached` cells may hold."""
+        within = min(self.max_batch, ONE_THREAD_CELLS - n_cached)
+        return max(self.max_batch_past, within)
 
     def close(self) -> None:
         if self.draft_engine is not None:
@@ -466,7 +513,7 @@ class Speculator:
                     reply.stop_type = "context"
                     return
                 drafter.rebase([*cached, pending])
-            room = min(n_ctx - len(cached), self.max_batch) - 1
+            room = min(n_ctx - len(cached), self.limit(len(cached))) - 1
             if max_tokens > 0:
                 room = min(room, max_tokens - len(generated) - 1)
             k = tuner.length(min(room, s.draft_max))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from localfab.errors import UsageError
@@ -41,10 +41,18 @@ class EngineSettings:
     # the GPU cannot hold the extra compute buffer.
     op_offload: bool = True
     warmup: bool = True  # one throw-away decode at load so the first request is not slow
-    # Repack weights for llama.cpp's faster CPU matrix kernels. Speculative decoding turns it
-    # off: a batch of 4 or more tokens then uses other kernels than one token, whose last bits
-    # differ, and a verified draft must see the logits plain decoding would.
+    # Repack weights for llama.cpp's faster CPU matrix kernels (a batch of 4 or more tokens then
+    # uses other kernels than one token, whose last bits differ; see `batch_invariant`).
     repack: bool = True
+    # Compute every row of a batch with the kernels of one token, so that a batch's logits are
+    # bit for bit those of one-token decodes (exact speculative decoding verifies long drafts
+    # so): no repacked weights, and llama.cpp's tiled K-quant matrix kernels, which it takes
+    # from 8 rows on, left off for the whole process (GGML_CPU_TILED_MM=0; llama.cpp reads it
+    # once, at the first matrix product of the process, so a model computed earlier in the
+    # process keeps them). Prompts then go through the one-row kernels too (slower to
+    # process); one-token decoding is unchanged. With an f16 or f32 KV cache flash attention
+    # still splits one token over the threads past 512 cells: use a quantized cache.
+    batch_invariant: bool = False
     # Sequences the context holds at once (the server's parallel slots, -np). Each gets
     # n_ctx / n_seq_max cells, unless `kv_unified` makes them share one pool of n_ctx.
     n_seq_max: int = 1
@@ -79,6 +87,9 @@ ContextFull = Callable[[list[int]], Sequence[int] | None]
 SpecType = Literal["none", "ngram-simple", "draft-simple"]
 SPEC_TYPES: tuple[SpecType, ...] = ("none", "ngram-simple", "draft-simple")
 DRAFT_MAX_LIMIT = 64  # the most tokens one draft may hold (--draft-max)
+# Up to this many cells of cache llama.cpp's CPU flash attention keeps one token on one thread;
+# past them it splits it over the threads with an f16 or f32 cache, and a batch's it does not.
+ONE_THREAD_CELLS = 256
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,42 @@ class SpecSettings:
             raise UsageError(f"--draft-p-min must be a number from 0 to 1, not {self.draft_p_min}")
         if self.spec_type == "draft-simple" and not self.model_draft:
             raise UsageError("--spec-type draft-simple needs a draft model: give it with -md FILE")
+
+    def load_settings(self, settings: EngineSettings) -> tuple[EngineSettings, str | None]:
+        """Settings on which exact speculation verifies whole drafts, and what changed.
+
+        On the CPU: batch-invariant kernels and, in place of an f16/f32 KV cache, a q8_0 one
+        (one token's flash attention over an unquantized cache takes another path than a
+        batch's past `ONE_THREAD_CELLS`): a verify can then hold a whole draft and compute what
+        one-token decoding computes at these settings. Plain decoding at them differs from
+        plain decoding at the planned ones (other kernels, another cache), so a close call can
+        go the other way; `run` and `serve` load the planned settings, and these are for a
+        caller that wants the speed (`scripts/bench.py spec` measures both). With layers on a
+        GPU, or without flash attention (a quantized V cache needs it), the settings stay.
+        """
+        if not self.enabled or not self.exact or settings.n_gpu_layers != 0:
+            return settings, None
+        if settings.flash_attn == "off":
+            return settings, None
+        unquantized = ("f16", "f32", "bf16")
+        new = replace(
+            settings,
+            batch_invariant=True,
+            type_k="q8_0" if settings.type_k in unquantized else settings.type_k,
+            type_v="q8_0" if settings.type_v in unquantized else settings.type_v,
+        )
+        if new == settings:
+            return settings, None
+        cache = (
+            f", KV cache {new.type_k}"
+            if (new.type_k, new.type_v) != (settings.type_k, settings.type_v)
+            else ""
+        )
+        return new, (
+            f"exact speculative decoding: loading with one-token kernels for batches{cache}, "
+            "so a verified draft is computed as plain decoding computes it (prompts are "
+            "processed a little slower)"
+        )
 
 
 @dataclass(frozen=True)
