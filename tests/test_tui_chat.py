@@ -6,7 +6,6 @@ import gc
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -415,10 +414,11 @@ async def test_the_final_speed_stays_when_the_end_comes_before_the_workers_last_
         chat = await loaded(pilot, app)
         backend = app.backend
         send_reply = backend.send
+        worker_ends = threading.Event()  # held until the test has looked, however slow
 
         def late_end(text, *, cancel):
             yield from send_reply(text, cancel=cancel)
-            time.sleep(0.4)
+            worker_ends.wait(10)
 
         backend.send = late_end
         await send(pilot, app, "hello there")
@@ -426,5 +426,6 @@ async def test_the_final_speed_stays_when_the_end_comes_before_the_workers_last_
         await pilot.pause(0.2)
         assert chat.streaming  # the worker has not ended yet
         speed = label_text(app, "#status-speed")
+        worker_ends.set()
         await finished(pilot, app)
     assert "tok/s" in speed and "—" not in speed
