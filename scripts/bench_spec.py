@@ -1,23 +1,23 @@
-"""Speculative decoding benchmark: localfab's engine against llama-server's ngram modes.
+"""Speculative decoding benchmark: localfab against llama-server's ngram modes.
 
-Three tasks, each greedy, each side by side in one run (alternating, so drift on a shared
-machine hits every contender alike), medians over --runs:
+Three tasks, each side by side in one run: every contender is a server process of its own
+(`localfab serve` as `run` loads the model, llama-server of the same llama.cpp build), all up at
+once (idle ones take no CPU) and asked in turn each round, so drift on a shared machine hits
+every contender alike; medians over --runs:
 
-- rewrite: a text of ~300 words to copy with small edits. localfab without speculation, with
-  ngram-simple, and llama-server (same llama.cpp build) with --spec-type ngram-simple,
-  ngram-map-k, ngram-mod and ngram-cache. Decode tok/s, acceptance, and whether localfab's
-  speculative text is its plain text (and each llama-server mode's text llama-server's own
-  plain text, --spec-type none); also localfab with --no-spec-exact and 48-token drafts,
-  as llama-server drafts, and exact speculation on batch-invariant kernels with a q8_0 cache
-  (`SpecSettings.load_settings`) beside plain decoding at those settings.
+- rewrite: a text of ~300 words to copy with small edits, greedy. localfab without speculation,
+  with ngram-simple (exact: it loads one-token kernels for batches and a q8_0 cache, see the
+  README) and with --no-spec-exact; llama-server with --spec-type none, ngram-simple,
+  ngram-map-k, ngram-mod and ngram-cache. Decode tok/s, acceptance, and whether each
+  speculative text is its own server's plain text; localfab's exact text is also compared with
+  plain decoding on the load it makes (in this process, speculation off).
 - free: free-form text with no overlap with the prompt (sampled at temperature 0.8 with one
-  seed per run, the same for both, as a small model loops when greedy): localfab with
+  seed per round, the same for both, as a small model loops when greedy): localfab with
   ngram-simple must stay within 0.97x of no speculation.
-- draft: the test model as its own draft model (shows the mechanics only): acceptance and
-  speed against no speculation.
+- draft: the test model as its own draft model (shows the mechanics only; in this process, not
+  adaptive, as a draft as large as the model never pays): acceptance and speed against none.
 
-Decode tok/s is the engine's own figure (predicted_n / predicted_ms, llama-server's
-`timings.predicted_per_second` for llama-server). Run it on a quiet machine.
+Decode tok/s is each server's `timings.predicted_per_second`. Run it on a quiet machine.
 
 With `--slots N` it measures speculation on parallel slots instead: N rewrites (each with
 another name) sent at once to `localfab serve -np N` with and without ngram-simple and to
@@ -162,13 +162,18 @@ def serving(cmd: list[str], port: int, what: str) -> Iterator[str]:
             proc.wait()
 
 
-def server_reply(url: str, name: str, prompt: str, n_tokens: int) -> Result:
-    body = {
+def server_reply(
+    url: str, name: str, prompt: str, n_tokens: int, seed: int | None = None
+) -> Result:
+    """A reply from a fresh cache: greedy, or sampled with `seed` (as `engine_reply`)."""
+    body: dict[str, Any] = {
         "prompt": prompt,
         "n_predict": n_tokens,
         "temperature": 0,
         "cache_prompt": False,
     }
+    if seed is not None:
+        body |= {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": seed}
     r = httpx.post(url + "/completion", json=body, timeout=600)
     r.raise_for_status()
     data = r.json()
@@ -222,77 +227,95 @@ def median(results: list[Result]) -> Result:
     )
 
 
-def local_contenders(model: str, threads: int) -> dict[str, Any]:
+def same_load_plain(model: str, threads: int, prompt: str, n_tokens: int) -> Result:
+    """Plain decoding on the load exact speculation makes (`SpecSettings.load_settings`), in
+    this process: the text an exact speculative reply must equal."""
+    from localfab.engine import Engine, EngineSettings
+    from localfab.engine.types import SpecSettings
+
+    settings = SpecSettings(spec_type="ngram-simple").load_settings(
+        EngineSettings(n_ctx=4096, n_threads=threads)
+    )[0]
+    engine = Engine(model, settings)
+    try:
+        return engine_reply(
+            engine, "localfab ngram-simple's load, no drafts", engine.tokenize(prompt), n_tokens
+        )
+    finally:
+        engine.close()
+
+
+def draft_task(model: str, threads: int, runs: int, n_tokens: int) -> dict[str, list[Result]]:
+    """The test model as its own draft, against no speculation, in this process."""
     from localfab.engine import Engine, EngineSettings
     from localfab.engine.types import SpecSettings
 
     settings = EngineSettings(n_ctx=4096, n_threads=threads)
-    # Exact speculation on batch-invariant kernels and a q8_0 cache (`SpecSettings.load_settings`),
-    # beside plain decoding at the same settings. Loaded first: llama.cpp chooses its tiled
-    # kernels once per process, at its first matrix product.
-    exact = SpecSettings(spec_type="ngram-simple")
-    invariant_settings = exact.load_settings(settings)[0]
-    invariant = Engine(model, invariant_settings)
-    invariant.set_speculation(exact)
-    invariant_plain = Engine(model, invariant_settings)
-    plain = Engine(model, settings)
-    ngram = Engine(model, settings)
-    ngram.set_speculation(exact)
-    loose = Engine(model, settings)
-    loose.set_speculation(SpecSettings(spec_type="ngram-simple", exact=False, draft_max=48))
     # Not adaptive: a draft as large as the model never pays, and the mechanics are the point.
     with_draft = SpecSettings(
         spec_type="draft-simple", model_draft=model, draft_p_min=0.0, adaptive=False
     )
+    plain = Engine(model, settings)
     drafted = Engine(model, settings)
     drafted.set_speculation(with_draft, drafted.load_draft(model))
-    return {
-        "localfab": plain,
-        "localfab ngram-simple": ngram,
-        "localfab ngram-simple no-exact": loose,
-        "localfab draft-simple": drafted,
-        "localfab invariant": invariant_plain,
-        "localfab invariant ngram-simple": invariant,
+    engines = {"localfab": plain, "localfab draft-simple": drafted}
+    free = plain.tokenize(FREE)
+    out: dict[str, list[Result]] = {}
+    try:
+        for name, engine in engines.items():  # warm-up, not measured
+            engine_reply(engine, name, free, 16)
+        for _ in range(runs):
+            for name, engine in engines.items():
+                out.setdefault(name, []).append(engine_reply(engine, name, free, n_tokens))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return out
+
+
+def contenders(args: argparse.Namespace) -> dict[str, Callable[[], AbstractContextManager[str]]]:
+    """Every server of the rewrite and free tasks, by name."""
+    local = partial(localfab_server, args.model)
+    servers: dict[str, Callable[[], AbstractContextManager[str]]] = {
+        "localfab": partial(local, "none", args.threads, 1),
+        "localfab ngram-simple": partial(local, "ngram-simple", args.threads, 1),
+        "localfab ngram-simple no-exact": partial(
+            local, "ngram-simple", args.threads, 1, "--no-spec-exact"
+        ),
     }
+    if Path(args.llama_server).exists():
+        for spec_type in ("none", *SERVER_TYPES):  # none: llama-server's own plain text
+            servers[f"llama-server {spec_type}"] = partial(
+                llama_server, args.llama_server, args.model, spec_type, args.threads
+            )
+    else:
+        print(f"no llama-server at {args.llama_server}: localfab alone", file=sys.stderr)
+    return servers
 
 
 def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     """Run the three tasks; returns the report (and prints it)."""
-    engines = local_contenders(args.model, args.threads)
-    plain = engines["localfab"]
-    rewrite = plain.tokenize(REWRITE)
-    free = plain.tokenize(FREE)
     runs: dict[str, list[Result]] = {}
 
     def add(r: Result, task: str) -> None:
         runs.setdefault(f"{task}: {r.name}", []).append(r)
 
-    for name, engine in engines.items():  # warm-up, not measured
-        engine_reply(engine, name, rewrite, 16)
-    for run in range(args.runs):
-        for name in (
-            "localfab",
-            "localfab ngram-simple",
-            "localfab ngram-simple no-exact",
-            "localfab invariant",
-            "localfab invariant ngram-simple",
-        ):
-            add(engine_reply(engines[name], name, rewrite, args.tokens), "rewrite")
-        for name in ("localfab", "localfab ngram-simple"):
-            add(engine_reply(engines[name], name, free, args.tokens, seed=run), "free")
-        for name in ("localfab", "localfab draft-simple"):
-            add(engine_reply(engines[name], name, free, args.tokens), "draft")
-    for engine in engines.values():
-        engine.close()
-    if Path(args.llama_server).exists():
-        for spec_type in ("none", *SERVER_TYPES):  # none: llama-server's own plain text
-            try:
-                with llama_server(args.llama_server, args.model, spec_type, args.threads) as url:
-                    for _ in range(args.runs):
-                        r = server_reply(url, f"llama-server {spec_type}", REWRITE, args.tokens)
-                        add(r, "rewrite")
-            except (RuntimeError, httpx.HTTPError) as exc:
-                print(f"llama-server --spec-type {spec_type}: {exc}", file=sys.stderr)
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(start()) for name, start in contenders(args).items()}
+        free_urls = {k: v for k, v in urls.items() if k in ("localfab", "localfab ngram-simple")}
+        for name, url in urls.items():  # warm-up, not measured
+            server_reply(url, name, REWRITE, 16)
+        for run in range(args.runs):
+            for name, url in urls.items():
+                add(server_reply(url, name, REWRITE, args.tokens), "rewrite")
+            for name, url in free_urls.items():
+                add(server_reply(url, name, FREE, args.tokens, seed=run), "free")
+    # In this process, after the servers: llama.cpp chooses its tiled kernels once per process,
+    # at its first matrix product, and the exact load turns them off.
+    add(same_load_plain(args.model, args.threads, REWRITE, args.tokens), "rewrite")
+    for results in draft_task(args.model, args.threads, args.runs, args.tokens).values():
+        for r in results:
+            add(r, "draft")
     medians = {key: median(rs) for key, rs in runs.items()}
     report = _report(medians)
     print(json.dumps(report, indent=2) if args.json else _render(report))
@@ -412,8 +435,8 @@ def _first_difference(a: str, b: str) -> int | None:
 def _report(m: dict[str, Result]) -> dict[str, Any]:
     base = m["rewrite: localfab"]
     spec = m["rewrite: localfab ngram-simple"]
+    same_load = m["rewrite: localfab ngram-simple's load, no drafts"]
     loose = m["rewrite: localfab ngram-simple no-exact"]
-    inv, inv_plain = m["rewrite: localfab invariant ngram-simple"], m["rewrite: localfab invariant"]
     servers = {
         k: v
         for k, v in m.items()
@@ -421,24 +444,36 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
     }
     server_plain = m.get("rewrite: llama-server none")
     best_server = max(servers.values(), key=lambda r: r.decode_tok_s, default=None)
-    first_diff = _first_difference(base.text, spec.text)
     free_base, free_spec = m["free: localfab"], m["free: localfab ngram-simple"]
     draft_base, draft_spec = m["draft: localfab"], m["draft: localfab draft-simple"]
+
+    def vs_best(r: Result) -> float | None:
+        return r.decode_tok_s / best_server.decode_tok_s if best_server else None
+
     return {
         "results": {k: asdict(v) | {"acceptance": v.acceptance} for k, v in m.items()},
         "rewrite_speedup": spec.decode_tok_s / base.decode_tok_s,
-        "rewrite_identical_text": spec.text == base.text,
-        "rewrite_first_difference_at_char": first_diff,
+        # The exact text: plain decoding on the load exact speculation makes; and whether it
+        # is also the text of plain decoding at the planned settings (other kernels and cache).
+        "rewrite_identical_text": spec.text == same_load.text,
+        "rewrite_first_difference_at_char": _first_difference(same_load.text, spec.text),
+        "rewrite_same_as_planned_plain": spec.text == base.text,
         "rewrite_acceptance": spec.acceptance,
+        "rewrite_vs_best_llama_server": vs_best(spec),
         "rewrite_no_exact_speedup": loose.decode_tok_s / base.decode_tok_s,
         "rewrite_no_exact_identical_text": loose.text == base.text,
-        "rewrite_no_exact_vs_best_llama_server": (
-            loose.decode_tok_s / best_server.decode_tok_s if best_server else None
-        ),
-        "rewrite_vs_best_llama_server": (
-            spec.decode_tok_s / best_server.decode_tok_s if best_server else None
-        ),
+        "rewrite_no_exact_first_difference_at_char": _first_difference(base.text, loose.text),
+        "rewrite_no_exact_acceptance": loose.acceptance,
+        "rewrite_no_exact_vs_best_llama_server": vs_best(loose),
         "best_llama_server": best_server.name if best_server else None,
+        "llama_server_best_speedup": (
+            best_server.decode_tok_s / server_plain.decode_tok_s
+            if best_server and server_plain
+            else None
+        ),
+        "localfab_plain_vs_llama_server_plain": (
+            base.decode_tok_s / server_plain.decode_tok_s if server_plain else None
+        ),
         # Whether llama-server's speculation gives llama-server's own plain text (the same
         # question asked of localfab by rewrite_identical_text).
         "llama_server_identical_text": (
@@ -454,53 +489,23 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
             if server_plain
             else None
         ),
-        # Exact speculation on batch-invariant kernels and a q8_0 cache: against plain decoding
-        # at the planned settings (speed, text) and at its own (text).
-        "invariant_speedup": inv.decode_tok_s / base.decode_tok_s,
-        "invariant_identical_text": inv.text == base.text,
-        "invariant_identical_to_its_plain": inv.text == inv_plain.text,
-        "invariant_plain_vs_plain": inv_plain.decode_tok_s / base.decode_tok_s,
-        "invariant_acceptance": inv.acceptance,
-        "invariant_vs_best_llama_server": (
-            inv.decode_tok_s / best_server.decode_tok_s if best_server else None
-        ),
         "free_ratio": free_spec.decode_tok_s / free_base.decode_tok_s,
+        "free_acceptance": free_spec.acceptance,
         "draft_acceptance": draft_spec.acceptance,
         "draft_speedup": draft_spec.decode_tok_s / draft_base.decode_tok_s,
     }
 
 
 def _render(report: dict[str, Any]) -> str:
-    lines = [f"{'contender':<42} {'tok/s':>8} {'tokens':>7} {'drafted':>8} {'accept':>7}"]
+    lines = [f"{'contender':<48} {'tok/s':>8} {'tokens':>7} {'drafted':>8} {'accept':>7}"]
     for key, r in report["results"].items():
         lines.append(
-            f"{key:<42} {r['decode_tok_s']:>8.1f} {r['tokens']:>7} {r['draft_n']:>8} "
+            f"{key:<48} {r['decode_tok_s']:>8.1f} {r['tokens']:>7} {r['draft_n']:>8} "
             f"{r['acceptance']:>7.0%}"
         )
-    for key in (
-        "rewrite_speedup",
-        "rewrite_identical_text",
-        "rewrite_first_difference_at_char",
-        "rewrite_acceptance",
-        "rewrite_vs_best_llama_server",
-        "rewrite_no_exact_speedup",
-        "rewrite_no_exact_identical_text",
-        "rewrite_no_exact_vs_best_llama_server",
-        "best_llama_server",
-        "llama_server_identical_text",
-        "llama_server_first_difference_at_char",
-        "invariant_speedup",
-        "invariant_identical_text",
-        "invariant_identical_to_its_plain",
-        "invariant_plain_vs_plain",
-        "invariant_acceptance",
-        "invariant_vs_best_llama_server",
-        "free_ratio",
-        "draft_acceptance",
-        "draft_speedup",
-    ):
-        value = report[key]
-        lines.append(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    for key, value in report.items():
+        if key != "results":
+            lines.append(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     return "\n".join(lines)
 
 
