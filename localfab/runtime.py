@@ -124,6 +124,7 @@ class ModelChoice:
     path: Path
     plan: Plan
     machine: Machine
+    wishes: Wishes | None = None  # what the user asked for (None: nothing pinned)
 
     @property
     def settings(self) -> EngineSettings:
@@ -138,14 +139,22 @@ class ModelChoice:
         kv_unified: bool = False,
     ) -> LoadedModel:
         """Load the planned model (`progress` and `speculative` as in `load_model`); a draft
-        model is placed beside it first (`place_draft`). `parallel` sequences share the
-        context (the server's slots), each with its share of it unless `kv_unified`."""
+        model is placed beside it first (`place_draft`), and exact speculation on the CPU
+        loads as `SpecSettings.load_settings` says (a cache type given with -ctk/-ctv stays).
+        `parallel` sequences share the context (the server's slots), each with its share of
+        it unless `kv_unified`."""
         notices: list[str] = []
+        settings = replace(self.settings, n_seq_max=parallel, kv_unified=kv_unified)
         if speculative is not None and speculative.enabled:
             speculative, notice = self.place_draft(speculative)
             if notice:
                 notices.append(notice)
-        settings = replace(self.settings, n_seq_max=parallel, kv_unified=kv_unified)
+        if speculative is not None:
+            wishes = self.wishes
+            pinned = wishes is not None and (wishes.type_k or wishes.type_v) is not None
+            settings, notice = speculative.load_settings(settings, keep_cache=pinned)
+            if notice:
+                notices.append(notice)
         loaded = load_model(self.path, settings, progress=progress, speculative=speculative)
         loaded.notices[:0] = notices
         return loaded
@@ -184,7 +193,7 @@ def choose_model(
     chosen, machine = plan_for(path, wishes)
     if require_fit:
         chosen.require_fit()
-    return ModelChoice(name=name, path=path, plan=chosen, machine=machine)
+    return ModelChoice(name=name, path=path, plan=chosen, machine=machine, wishes=wishes)
 
 
 def speculation_from(
@@ -225,7 +234,7 @@ def speculation_from(
     spec = SpecSettings(
         spec_type=kind,
         model_draft=draft,
-        draft_max=values.get("draft_max", SpecSettings.draft_max),
+        draft_max=values.get("draft_max"),
         draft_min=values.get("draft_min", SpecSettings.draft_min),
         draft_p_min=values.get("draft_p_min", SpecSettings.draft_p_min),
         n_gpu_layers_draft=values.get("gpu_layers_draft"),
@@ -272,7 +281,7 @@ def start_speculation(engine: Engine, spec: SpecSettings) -> str:
             "(--no-spec-exact allows that)"
         )
     what = f"draft model {Path(spec.model_draft or '').name}" if draft else spec.spec_type
-    said = f"speculative decoding with {what}, up to {min(n, spec.draft_max)} tokens per step"
+    said = f"speculative decoding with {what}, up to {min(n, spec.max_draft)} tokens per step"
     if engine.speculation_batch_past < engine.speculation_batch:
         past = engine.speculation_batch_past - 1
         said += (

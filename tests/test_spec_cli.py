@@ -116,12 +116,14 @@ def test_bad_draft_max_on_the_command_line_is_one_line(lf_env: dict[str, str]) -
 # --- on the real model -------------------------------------------------------------------------
 
 
-def run_json(model_path: Path, env: dict[str, str], *extra: str) -> tuple[dict[str, Any], str]:
+def run_json(
+    model_path: Path, env: dict[str, str], *extra: str, prompt: str = PROMPT
+) -> tuple[dict[str, Any], str]:
     proc = lf(
         [
             "run",
             str(model_path),
-            PROMPT,
+            prompt,
             "--temp",
             "0",
             "-n",
@@ -137,18 +139,69 @@ def run_json(model_path: Path, env: dict[str, str], *extra: str) -> tuple[dict[s
     return json.loads(proc.stdout), proc.stderr
 
 
+# Past the 256 cells where one token's attention over an f16 cache is split over the threads.
+LONG_PROMPT = PROMPT + (
+    " Ships passing in the night relied on its steady beam to avoid the dangerous reef below. "
+    "In winter the storms were fierce, and waves crashed against the walls, but the light never "
+    "failed. The villagers often brought Thomas bread and fish, and in return he told them "
+    "stories about the ships he had seen. One night a small boat lost its way in the fog, and "
+    "Thomas rang the great bell until the sailors found the harbor. The next morning the "
+    "fishermen came to thank him, carrying baskets of apples and a bottle of wine from the "
+    "valley. Thomas smiled and said that the sea had been kind to them all. Years later, when "
+    "the lighthouse was replaced by an automatic beacon, the villagers kept the old lamp in the "
+    "church as a reminder of the man who had watched over them. Children still climb the hill "
+    "on summer evenings to look at the tower, and their grandparents tell them how the keeper "
+    "never missed a single night in forty years. The stones of the tower are grey and worn, and "
+    "moss grows between them, yet the building stands as firmly as ever against the wind."
+)
+
+
+def same_load_without_drafts(
+    model_path: Path, env: dict[str, str], prompt: str
+) -> tuple[dict[str, Any], str]:
+    """Plain decoding on the load that exact speculation makes (its kernels and KV cache): with
+    --draft-min 64 only a 64-token draft is verified, which a 60-token reply never has."""
+    plain, err = run_json(
+        model_path, env, "--spec-type", "ngram-simple", "--draft-max", "64", "--draft-min", "64",
+        prompt=prompt,
+    )  # fmt: skip
+    assert "draft_n" not in plain["timings"]
+    return plain, err
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "past-256"])
 def test_run_with_ngram_speculation_gives_the_same_text(
-    model_path: Path, lf_env: dict[str, str]
+    model_path: Path, lf_env: dict[str, str], prompt: str
 ) -> None:
-    plain, plain_err = run_json(model_path, lf_env)
-    fast, err = run_json(model_path, lf_env, "--spec-type", "ngram-simple", "--draft-max", "8")
+    plain, plain_err = same_load_without_drafts(model_path, lf_env, prompt)
+    fast, err = run_json(
+        model_path, lf_env, "--spec-type", "ngram-simple", "--draft-max", "8", prompt=prompt
+    )
     assert fast["text"] == plain["text"]
     t = fast["timings"]
     assert t["draft_n"] > 20 and 0 < t["draft_n_accepted"] <= t["draft_n"]
-    assert "draft_n" not in plain["timings"]
-    assert "speculative decoding with ngram-simple" in err
+    assert t["prompt_n"] > (256 if prompt is LONG_PROMPT else 0)
+    # Exact speculation on the CPU loads one-token kernels for batches and a q8_0 cache.
+    for said in (err, plain_err):
+        assert "exact speculative decoding: loading with one-token kernels" in said
+        assert "KV cache q8_0 (planned: f16)" in said
+    assert "speculative decoding with ngram-simple, up to 8 tokens per step" in err
     assert f"{t['draft_n']} tokens drafted, {t['draft_n_accepted']} accepted (acceptance" in err
-    assert "acceptance" not in plain_err
+    assert "nothing drafted (the reply did not repeat its input)" in plain_err
+
+
+def test_a_cache_type_the_user_gave_stays_and_bounds_the_drafts(
+    model_path: Path, lf_env: dict[str, str]
+) -> None:
+    # -ctk/-ctv f16: no draft is verified past 256 tokens of context, and -v says why.
+    fast, err = run_json(
+        model_path, lf_env, "--spec-type", "ngram-simple", "-ctk", "f16", "-ctv", "f16",
+        prompt=LONG_PROMPT,
+    )  # fmt: skip
+    assert "draft_n" not in fast["timings"] and fast["text"]
+    assert "KV cache q8_0" not in err and "one-token kernels" in err
+    assert "none past them" in err
+    assert "nothing drafted (the reply did not repeat its input, or its context was past" in err
 
 
 def test_the_config_table_turns_speculation_on(model_path: Path, lf_env: dict[str, str]) -> None:
@@ -170,7 +223,7 @@ def test_a_draft_model_that_cannot_be_used_leaves_speculation_off(
 
 
 def test_the_test_model_as_its_own_draft(model_path: Path, lf_env: dict[str, str]) -> None:
-    plain, _ = run_json(model_path, lf_env)
+    plain, _ = same_load_without_drafts(model_path, lf_env, PROMPT)
     fast, err = run_json(
         model_path, lf_env, "-md", str(model_path), "--draft-p-min", "0", "-ngld", "0"
     )

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from localfab.engine import Done, SamplingParams, TokenEvent
-from localfab.engine.spec import NgramDraft, SpecCosts, Tuner
-from localfab.engine.types import SpecSettings, Timings
+from localfab.engine.spec import NgramDraft, SpecCosts, Tuner, propose
+from localfab.engine.types import DRAFT_MAX_LOOKUP, SpecSettings, Timings
 from localfab.errors import UsageError
 
 TEXT = (
@@ -58,6 +58,39 @@ def test_ngram_lookup_prefers_the_longest_match() -> None:
     assert d.draft(1) == [7]
 
 
+def test_ngram_lookup_says_how_long_the_copy_has_held() -> None:
+    d = NgramDraft()
+    source = list(range(10, 40))  # a text of 30 distinct tokens
+    d.reset([*source, 99, *source[:12]])  # an instruction, then the copy's first 12 tokens
+    assert d.draft(8) == source[12:20]
+    assert d.agreement == 8  # as far back as asked: the copy has held for 12
+    # Past the source the history goes on (the instruction's end, the copy so far).
+    assert d.draft(30)[:18] == source[12:30] and d.agreement == 12
+    d.push(77)  # the copy parts here: an edit
+    for tok in source[13:15]:
+        d.push(tok)
+    assert d.draft(30)[:15] == source[15:30]
+    assert d.agreement == 2  # only the two tokens since the edit agree
+
+
+def test_a_lookup_drafts_a_copy_as_far_again_as_it_has_held() -> None:
+    d = NgramDraft()
+    source = list(range(100, 160))
+    d.reset([*source, 1, *source[:20]])
+    sure = Tuner(SpecCosts(), k_max=48)  # costs unknown: the tuner asks for all it may
+    assert propose(sure, d, 48) == source[20:40]  # held for 20: 20 more
+    assert propose(sure, d, 10) == source[20:30]  # never past the limit
+    d.reset([*source, 1, *source[:20], 2, *source[22:24]])  # an edit 3 tokens back
+    assert propose(sure, d, 48) == source[24:28]  # held for 2: the shortest draft, 4
+    thin = Tuner(SpecCosts(one=0.010, per_draft=0.004), k_max=48, accept=0.55)
+    assert thin.length(48) == 1
+    assert propose(thin, d, 48) == source[24:26]  # the tuner asks for fewer: as far as it held
+    off = Tuner(SpecCosts(one=0.010, per_draft=0.010), k_max=48, accept=0.1)
+    assert propose(off, d, 48) == []  # drafts do not pay: decode plainly
+    fixed = Tuner(SpecCosts(), adaptive=False, k_max=48)  # tests and benchmarks
+    assert propose(fixed, d, 48)[:36] == source[24:60]  # all the lookup allows
+
+
 def test_the_tuner_drafts_while_drafts_pay_and_stops_when_they_do_not() -> None:
     costs = SpecCosts(one=0.010, per_draft=0.002)
     tuner = Tuner(costs, k_max=16)
@@ -73,6 +106,25 @@ def test_the_tuner_drafts_while_drafts_pay_and_stops_when_they_do_not() -> None:
     assert tuner.length(2) <= 2
     # Drafting that costs as much per token as a decode never pays.
     assert Tuner(SpecCosts(one=0.01, per_draft=0.01), accept=0.5).length(16) == 0
+
+
+def test_short_drafts_do_not_make_long_drafts_look_dear() -> None:
+    # As measured on a 2-core CPU: one token 17 ms, a verify of 1 drafted token 31 ms (a batch of
+    # two costs nearly two decodes), one of 16 drafted tokens 107 ms (6 ms per token).
+    costs = SpecCosts(one=0.017)
+    tuner = Tuner(costs, k_max=16)
+    for _ in range(5):
+        tuner.verify(1, 1, 0.031)
+    tuner.verify(16, 16, 0.107)
+    tuner.verify(1, 1, 0.031)
+    assert costs.verify(16) == pytest.approx(0.107, rel=0.05)
+    assert costs.verify(1) == pytest.approx(0.031, rel=0.05)
+    assert tuner.length(16) == 16  # every draft was kept: as long as allowed
+    # Verifies of one length only: the fixed part is a decode, the rest is per drafted token.
+    same = SpecCosts(one=0.017)
+    for _ in range(3):
+        same.took_verify(0.107, 16)
+    assert same.verify(0) == 0.017 and same.verify(16) == pytest.approx(0.107)
 
 
 def test_a_cost_measured_in_a_busy_moment_is_measured_again_while_guesses_are_right() -> None:
@@ -111,7 +163,8 @@ def test_timings_show_drafts_only_for_a_reply_that_drafted() -> None:
     [
         (SpecSettings(spec_type="ngram-simple", draft_max=0), "--draft-max must be 1 to 64"),
         (SpecSettings(spec_type="ngram-simple", draft_max=65), "--draft-max must be 1 to 64"),
-        (SpecSettings(spec_type="ngram-simple", draft_min=20), "--draft-min"),
+        (SpecSettings(spec_type="ngram-simple", draft_max=16, draft_min=20), "--draft-min"),
+        (SpecSettings(spec_type="draft-simple", model_draft="d", draft_min=20), "--draft-min"),
         (SpecSettings(spec_type="ngram-simple", draft_p_min=1.5), "--draft-p-min"),
         (SpecSettings(spec_type="draft-simple"), "needs a draft model"),
         (SpecSettings(spec_type="ngram-map"), "--spec-type must be one of"),  # type: ignore[arg-type]
@@ -131,7 +184,11 @@ def test_exact_speculation_loads_batch_invariant_kernels_and_a_q8_0_cache() -> N
     planned = EngineSettings(n_ctx=1024, n_threads=2)
     loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(planned)
     assert loaded == replace(planned, batch_invariant=True, type_k="q8_0", type_v="q8_0")
-    assert notice is not None and "KV cache q8_0" in notice
+    assert notice is not None and "KV cache q8_0 (planned: f16)" in notice
+    # A cache type the user gave (-ctk/-ctv) stays; the kernels still change.
+    loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(planned, keep_cache=True)
+    assert loaded == replace(planned, batch_invariant=True)
+    assert notice is not None and "KV cache" not in notice
     # An already quantized cache stays, and the notice does not speak of it.
     q4 = replace(planned, type_k="q4_0", type_v="q4_0")
     loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(q4)
@@ -237,7 +294,7 @@ def test_verifies_hold_no_more_tokens_than_llama_cpp_computes_exactly(model_path
         # round as one token's only sometimes: verifies stay within 3 there.
         assert 1 <= exact <= (3 if repacked.buffers.repacked_bytes else 17)
         repacked.set_speculation(SpecSettings(spec_type="ngram-simple", exact=False))
-        assert repacked.speculation_batch == 17
+        assert repacked.speculation_batch == DRAFT_MAX_LOOKUP + 1
         prompt = repacked.tokenize(REWRITE)
         plain, fast = both(
             repacked,
@@ -259,7 +316,7 @@ def test_past_256_tokens_of_an_f16_cache_no_draft_is_verified(model_path: Path) 
     prompt_text = TEXT * 6
     with Engine(model_path, EngineSettings(n_ctx=1024, n_batch=512, repack=False)) as engine:
         # One token's attention is split over the threads there, a batch's is not.
-        within, past = exact_batch(engine, 17)
+        within, past = exact_batch(engine, DRAFT_MAX_LOOKUP + 1)
         assert within > 1 and past == 1
         notice = start_speculation(engine, SpecSettings(spec_type="ngram-simple"))
         assert "none past them" in notice and "-ctk q8_0" in notice

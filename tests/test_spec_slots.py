@@ -134,7 +134,7 @@ def test_a_cancel_inside_a_drafted_run_keeps_the_tokens_of_that_step(eng: Any) -
     # A step hands over its tokens together (the verified run): the cancel set after the 45th
     # ends the reply at the first token the next step samples, the text the plain reply's.
     assert list(done.tokens) == list(full[2].tokens[: len(done.tokens)])
-    assert 45 < len(done.tokens) <= 45 + NGRAM.draft_max + 1
+    assert 45 < len(done.tokens) <= 45 + NGRAM.max_draft + 1
     assert done.timings.draft_n > 0
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.commands.spec_flags import spec_options, speculation
+from localfab.engine.types import ONE_THREAD_CELLS
 from localfab.errors import UsageError
 from localfab.units import KV_CACHE_TYPES, usage
 
@@ -262,7 +263,8 @@ def run(
         )
         click.echo(f"localfab: {describe_energy(energy, reply.completion_tokens)}", err=True)
         if speculative is not None:
-            click.echo(f"localfab: {describe_drafts(reply.pieces)}", err=True)
+            past = engine.speculation_batch_past > 1  # drafts past ONE_THREAD_CELLS
+            click.echo(f"localfab: {describe_drafts(reply.pieces, past=past)}", err=True)
     if writer is not None and ledger is not None:
         writer.close()
         if recorder.row is not None and ledger.last_error and verbose:
@@ -306,12 +308,16 @@ def draft_counts(pieces: Sequence[Done]) -> dict[str, int]:
     }
 
 
-def describe_drafts(pieces: Sequence[Done]) -> str:
-    """The speculative decoding line of -v: tokens drafted, kept, and the acceptance rate."""
+def describe_drafts(pieces: Sequence[Done], *, past: bool = True) -> str:
+    """The speculative decoding line of -v: tokens drafted, kept, and the acceptance rate.
+    `past`: whether drafts can be verified past `ONE_THREAD_CELLS` of context."""
     drafted = sum(p.timings.draft_n for p in pieces)
     kept = sum(p.timings.draft_n_accepted for p in pieces)
     if not drafted:
-        return "speculative decoding: nothing drafted (the reply did not repeat its input)"
+        why = "the reply did not repeat its input"
+        if not past:
+            why += f", or its context was past the {ONE_THREAD_CELLS} tokens where none is checked"
+        return f"speculative decoding: nothing drafted ({why})"
     return (
         f"speculative decoding: {drafted} tokens drafted, {kept} accepted "
         f"(acceptance {kept / drafted:.0%})"

@@ -52,7 +52,8 @@ def spec_options(f: F) -> F:
             "--draft-max",
             type=int,
             default=None,
-            help="Most tokens to draft at once (1-64, default 16).",
+            help="Most tokens to draft at once (1-64; default 48 with ngram-simple, 16 with a "
+            "draft model).",
         ),
         click.option(
             "--draft-min", type=int, default=None, help="Fewest drafted tokens worth verifying (0)."

@@ -26,7 +26,7 @@ import numpy as np
 from localfab.engine import generation
 from localfab.engine.kvcache import KVCache
 from localfab.engine.sampling import GuardedSampler
-from localfab.engine.spec import Drafter, ModelDraft, NgramDraft, SpecCosts, Tuner
+from localfab.engine.spec import Drafter, ModelDraft, NgramDraft, SpecCosts, Tuner, propose
 from localfab.engine.text import StopMatcher, Utf8Stream
 from localfab.engine.types import (
     Done,
@@ -252,7 +252,7 @@ class BatchDecoder:
             return None
         drafter.reset(prompt)
         s = sp.settings
-        tuner = Tuner(self.spec_costs, adaptive=s.adaptive, k_max=s.draft_max, cheap=drafter.cheap)
+        tuner = Tuner(self.spec_costs, adaptive=s.adaptive, k_max=s.max_draft, cheap=drafter.cheap)
         return _Spec(drafter, tuner)
 
     def follow(self, slot: Slot, leader: Slot, opts: GenerationOptions) -> None:
@@ -352,8 +352,7 @@ class BatchDecoder:
         room = min(room, kv.n_ctx - n - 1, self.speculator.limit(n) - 1)
         if r.opts.max_tokens > 0:
             room = min(room, r.opts.max_tokens - len(r.generated) - 1)
-        k = sp.tuner.length(min(room, s.draft_max))
-        drafts = sp.drafter.draft(k) if k > 0 else []
+        drafts = propose(sp.tuner, sp.drafter, min(room, s.max_draft))
         if len(drafts) < max(s.draft_min, 1):
             drafts = []
         sp.guess = -1

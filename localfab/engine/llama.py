@@ -386,7 +386,7 @@ class Engine:
                 from localfab.engine.spec import Speculator, exact_batch
 
                 use = draft if settings.spec_type == "draft-simple" else None
-                n = min(settings.draft_max + 1, self.n_batch)
+                n = min(settings.max_draft + 1, self.n_batch)
                 if settings.exact and n not in self._exact_batch:  # once per engine and size
                     self._exact_batch[n] = exact_batch(self, n)
                 within, past = self._exact_batch[n] if settings.exact else (n, n)

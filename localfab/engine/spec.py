@@ -66,6 +66,9 @@ class Drafter(Protocol):
 
     #: Whether a one-token guess is free, so acceptance can be watched while not drafting.
     cheap: bool
+    #: After `draft`: for how many tokens before the lookup point the history agrees with the
+    #: text the draft was copied from (0 where drafts are not copies).
+    agreement: int
 
     def reset(self, tokens: Sequence[int]) -> None: ...
 
@@ -89,6 +92,7 @@ class NgramDraft:
         self.sizes = tuple(sizes)
         self.tokens: list[int] = []
         self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.agreement = 0
 
     def reset(self, tokens: Sequence[int]) -> None:
         self.tokens = []
@@ -109,13 +113,20 @@ class NgramDraft:
         """The window moved: lookups keep using the whole history, which is still text."""
 
     def draft(self, n: int) -> list[int]:
+        """Up to `n` tokens; `agreement` then says how far back (up to `n`) the history
+        matches the text before them."""
         toks = self.tokens
         size = len(toks)
+        self.agreement = 0
         for k, m in self.maps.items():
             if size < k:
                 continue
             at = m.get(tuple(toks[size - k :]))
             if at is not None:
+                agree = k
+                while agree < min(n, at) and toks[at - 1 - agree] == toks[size - 1 - agree]:
+                    agree += 1
+                self.agreement = agree
                 return toks[at : at + n]
         return []
 
@@ -129,6 +140,7 @@ class ModelDraft:
     """
 
     cheap = False
+    agreement = 0
 
     def __init__(self, engine: Engine, p_min: float, kv: KVCache | None = None) -> None:
         """Drafts with `engine` in `kv` (default: its own sequence; a server slot passes the
@@ -180,10 +192,25 @@ class ModelDraft:
 
 @dataclass
 class SpecCosts:
-    """What a decode costs on this machine, kept by the engine across replies (seconds)."""
+    """What a decode costs on this machine, kept by the engine across replies (seconds).
+
+    A verify of k drafted tokens costs about `base + k * per_draft`: a line fitted by least
+    squares over recent verifies, each weighing `_FIT_KEEP` times as much as the next one. A
+    batch of two or three tokens costs much more per token than a long one (a short draft
+    nearly doubles a decode where a long one adds a sixth per token), so one cost per drafted
+    token, measured after short drafts, would keep drafts short for good. Until verifies of
+    different lengths are seen, `base` is one decode and `per_draft` what each drafted token
+    added to it.
+    """
 
     one: float = 0.0  # one token
     per_draft: float = 0.0  # what a verify adds per drafted token
+    base: float = 0.0  # a verify's cost before its drafted tokens (0: as one token)
+    _fit: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
+
+    def verify(self, n_draft: int) -> float:
+        """What a verify of `n_draft` drafted tokens is expected to take."""
+        return (self.base or self.one) + n_draft * self.per_draft
 
     def took_one(self, seconds: float) -> None:
         """A plain decode took `seconds`."""
@@ -191,14 +218,26 @@ class SpecCosts:
 
     def took_verify(self, seconds: float, n_draft: int) -> None:
         """A decode that verified `n_draft` drafted tokens took `seconds` (drafting included)."""
+        fit = self._fit
+        for i, v in enumerate((1.0, n_draft, seconds, n_draft * n_draft, n_draft * seconds)):
+            fit[i] = fit[i] * _FIT_KEEP + v
+        w, sk, sy, skk, sky = fit
+        spread = skk * w - sk * sk  # weighted variance of the lengths, times w squared
+        if spread >= w * w:  # lengths at least a token apart: fit the line
+            per = (sky * w - sk * sy) / spread
+            base = (sy - per * sk) / w
+            if per > 0.0 and base > 0.0:
+                self.per_draft, self.base = per, base
+                return
         if self.one > 0.0:
-            per = max(0.0, seconds - self.one) / n_draft
+            per = max(0.0, seconds - self.verify(0)) / n_draft
             self.per_draft = (
                 per if self.per_draft <= 0.0 else self.per_draft + _EMA * (per - self.per_draft)
             )
 
 
 _EMA = 0.2  # weight of the newest measurement
+_FIT_KEEP = 0.85  # weight of a verify in the cost line against the next one
 _PRIOR = 0.6  # acceptance assumed before any is measured
 _PROBE_EVERY = 32  # plain tokens before a draft model that did not pay is tried again
 _PROBE_ACCEPT = 0.8  # guesses this often right make a stale cost worth measuring again
@@ -232,13 +271,13 @@ class Tuner:
         return min(self._best, limit)
 
     def _choose(self) -> int:
-        one, per = self.costs.one, self.costs.per_draft
-        if one <= 0.0:
+        costs = self.costs
+        if costs.one <= 0.0:
             return self.k_max  # not measured yet: try, and measure
         a = min(self.accept, 0.999)
-        best_k, best_rate = 0, 1.0 / one
+        best_k, best_rate = 0, 1.0 / costs.one
         for k in range(1, self.k_max + 1):
-            rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (one + k * per)
+            rate = (1.0 - a ** (k + 1)) / (1.0 - a) / costs.verify(k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         if best_k == 0 and self.cheap and a >= _PROBE_ACCEPT and self._idle >= _PROBE_EVERY:
@@ -281,6 +320,29 @@ class Tuner:
         """A free one-token guess made while not drafting was right or wrong."""
         self.accept += _EMA * ((1.0 if right else 0.0) - self.accept)
         self._best = -1
+
+
+# A prompt lookup's draft holds at least this many tokens when the tuner asks for as many.
+_COPY_MIN = 4
+
+
+def propose(tuner: Tuner, drafter: Drafter, limit: int) -> list[int]:
+    """The draft to verify now, at most `limit` tokens; [] to decode one token plainly.
+
+    The tuner says whether a draft pays now and, for a draft model, how long it should be. A
+    prompt lookup's drafts copy a text, and a copy that has held for the last n tokens tends to
+    hold about n more (replies that rewrite an input part from it at the edits): its draft is
+    as long as the history agrees with the source (`Drafter.agreement`), from `_COPY_MIN`
+    tokens (fewer when the tuner asks for fewer). Long drafts where the copy is sure and short
+    ones after each edit cost fewer verifies and fewer rejected tokens than one length for all.
+    """
+    k = tuner.length(limit)
+    if k <= 0:
+        return []
+    if not (drafter.cheap and tuner.adaptive):
+        return drafter.draft(k)
+    drafts = drafter.draft(limit)
+    return drafts[: max(min(k, _COPY_MIN), drafter.agreement)]
 
 
 class _Reply:
@@ -384,7 +446,8 @@ def exact_batch(engine: Engine, n_max: int = _PROBE_MAX) -> tuple[int, int]:
         n_max = min(n_max, _REPACKED_MAX)
     kv = engine._kv
     n_max = max(1, min(n_max, kv.n_batch))
-    toks = engine.tokenize(_PROBE_TEXT * 5)
+    # Enough text for the longest verify past ONE_THREAD_CELLS (58 tokens a copy here).
+    toks = engine.tokenize(_PROBE_TEXT * (2 + (_PROBE_PAST + n_max) // 50))
     try:
         short = min(_PROBE_SHORT, kv.n_ctx - 1, len(toks))
         n_max = max(1, min(n_max, short // 2))
@@ -392,9 +455,12 @@ def exact_batch(engine: Engine, n_max: int = _PROBE_MAX) -> tuple[int, int]:
         kv.decode(toks[: short - n_max], 0)
         within = past = _exact_at(kv, toks[:short], n_max)
         long = _PROBE_PAST + within
-        if within > 1 and long < min(kv.n_ctx, len(toks)):
-            kv.decode(toks[short - n_max : _PROBE_PAST], short - n_max)
-            past = _exact_at(kv, toks[:long], within)
+        if within > 1 and kv.n_ctx > ONE_THREAD_CELLS:
+            if long < kv.n_ctx:
+                kv.decode(toks[short - n_max : _PROBE_PAST], short - n_max)
+                past = _exact_at(kv, toks[:long], within)
+            else:  # a context too small for the probe: no verify past them
+                past = 1
     finally:
         kv.clear()
     return within, past
@@ -491,7 +557,7 @@ class Speculator:
         s = self.settings
         drafter = self.drafter
         drafter.reset(prompt)
-        tuner = Tuner(self.costs, adaptive=s.adaptive, k_max=s.draft_max, cheap=drafter.cheap)
+        tuner = Tuner(self.costs, adaptive=s.adaptive, k_max=s.max_draft, cheap=drafter.cheap)
         event = reply.step(kv.logits(), -1)
         stop = event is None
         if event is not None:
@@ -516,9 +582,8 @@ class Speculator:
             room = min(n_ctx - len(cached), self.limit(len(cached))) - 1
             if max_tokens > 0:
                 room = min(room, max_tokens - len(generated) - 1)
-            k = tuner.length(min(room, s.draft_max))
             t0 = time.perf_counter()
-            drafts = drafter.draft(k) if k > 0 else []
+            drafts = propose(tuner, drafter, min(room, s.max_draft))
             if drafts and len(drafts) >= s.draft_min:
                 stop = yield from self._verify(kv, reply, tuner, pending, drafts, t0)
                 continue

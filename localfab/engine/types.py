@@ -87,6 +87,11 @@ ContextFull = Callable[[list[int]], Sequence[int] | None]
 SpecType = Literal["none", "ngram-simple", "draft-simple"]
 SPEC_TYPES: tuple[SpecType, ...] = ("none", "ngram-simple", "draft-simple")
 DRAFT_MAX_LIMIT = 64  # the most tokens one draft may hold (--draft-max)
+# Default draft lengths: prompt lookup drafts as far as a copy has held (llama-server's
+# ngram-simple drafts m-grams of 48), a draft model pays for every token it drafts (16, as
+# llama-server's --draft-max).
+DRAFT_MAX_LOOKUP = 48
+DRAFT_MAX_MODEL = 16
 # Up to this many cells of cache llama.cpp's CPU flash attention keeps one token on one thread;
 # past them it splits it over the threads with an f16 or f32 cache, and a batch's it does not.
 ONE_THREAD_CELLS = 256
@@ -98,17 +103,19 @@ class SpecSettings:
 
     `spec_type` "ngram-simple" drafts from n-grams of the prompt and the reply so far;
     "draft-simple" asks the draft model `model_draft` (same vocabulary, drafting greedily).
-    `draft_max` caps a draft; shorter drafts than `draft_min` are not verified; the draft
-    model stops drafting below probability `draft_p_min`. With `adaptive` the draft length
-    follows the measured acceptance and speculation pauses while it costs more than it saves;
-    without, every draft is as long as the lookup allows (tests and benchmarks). With `exact`
+    `draft_max` caps a draft (`max_draft`: by default 48 tokens for prompt lookup, 16 for a
+    draft model); shorter drafts than `draft_min` are not verified; the draft model stops
+    drafting below probability `draft_p_min`. With `adaptive` speculation pauses while it
+    costs more than it saves, a draft model's draft length follows the measured acceptance, and
+    a prompt lookup drafts a copy as far again as it has held (`spec.propose`); without, every
+    draft is as long as the lookup allows (tests and benchmarks). With `exact`
     a verify holds no more tokens than llama.cpp computes exactly as it computes one (see
     `spec.exact_batch`), so the text is plain decoding's; without, drafts may be as long as
     `draft_max`, as in llama-server, and a near tie may be broken the other way.
     """
 
     spec_type: SpecType = "none"
-    draft_max: int = 16
+    draft_max: int | None = None  # None: DRAFT_MAX_LOOKUP or DRAFT_MAX_MODEL, by spec_type
     draft_min: int = 0
     draft_p_min: float = 0.75
     model_draft: str | None = None
@@ -120,60 +127,79 @@ class SpecSettings:
     def enabled(self) -> bool:
         return self.spec_type != "none"
 
+    @property
+    def max_draft(self) -> int:
+        """The most tokens one draft may hold: `draft_max`, or the default for the kind."""
+        if self.draft_max is not None:
+            return self.draft_max
+        return DRAFT_MAX_MODEL if self.spec_type == "draft-simple" else DRAFT_MAX_LOOKUP
+
     def check(self) -> None:
         """UsageError naming the setting for a value speculation cannot use."""
         if self.spec_type not in SPEC_TYPES:
             raise UsageError(
                 f"--spec-type must be one of {', '.join(SPEC_TYPES)}, not {self.spec_type!r}"
             )
-        if not 1 <= self.draft_max <= DRAFT_MAX_LIMIT:
+        if not 1 <= self.max_draft <= DRAFT_MAX_LIMIT:
             raise UsageError(
                 f"--draft-max must be 1 to {DRAFT_MAX_LIMIT} tokens, not {self.draft_max}"
             )
-        if not 0 <= self.draft_min <= self.draft_max:
+        if not 0 <= self.draft_min <= self.max_draft:
             raise UsageError(
-                f"--draft-min must be 0 to --draft-max ({self.draft_max}), not {self.draft_min}"
+                f"--draft-min must be 0 to --draft-max ({self.max_draft}), not {self.draft_min}"
             )
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise UsageError(f"--draft-p-min must be a number from 0 to 1, not {self.draft_p_min}")
         if self.spec_type == "draft-simple" and not self.model_draft:
             raise UsageError("--spec-type draft-simple needs a draft model: give it with -md FILE")
 
-    def load_settings(self, settings: EngineSettings) -> tuple[EngineSettings, str | None]:
+    def load_settings(
+        self, settings: EngineSettings, *, keep_cache: bool = False
+    ) -> tuple[EngineSettings, str | None]:
         """Settings on which exact speculation verifies whole drafts, and what changed.
 
         On the CPU: batch-invariant kernels and, in place of an f16/f32 KV cache, a q8_0 one
         (one token's flash attention over an unquantized cache takes another path than a
-        batch's past `ONE_THREAD_CELLS`): a verify can then hold a whole draft and compute what
-        one-token decoding computes at these settings. Plain decoding at them differs from
-        plain decoding at the planned ones (other kernels, another cache), so a close call can
-        go the other way; `run` and `serve` load the planned settings, and these are for a
-        caller that wants the speed (`scripts/bench.py spec` measures both). With layers on a
-        GPU, or without flash attention (a quantized V cache needs it), the settings stay.
+        batch's past `ONE_THREAD_CELLS`): a verify can then hold a whole draft at any length
+        and computes what one-token decoding computes at these settings, so drafting never
+        changes the text of this load. `run`, `serve` and the chat app load so when exact
+        speculation is on (`ModelChoice.open`). Plain decoding at the planned settings uses
+        other kernels and another cache, so a close call there can go the other way.
+        `keep_cache` keeps a cache type the user chose (-ctk/-ctv): past `ONE_THREAD_CELLS`
+        an unquantized one then verifies no draft. With layers on a GPU, or without flash
+        attention (a quantized V cache needs it), the settings stay.
         """
         if not self.enabled or not self.exact or settings.n_gpu_layers != 0:
             return settings, None
         if settings.flash_attn == "off":
             return settings, None
         unquantized = ("f16", "f32", "bf16")
+
+        def cache(kind: str) -> str:
+            return "q8_0" if kind in unquantized and not keep_cache else kind
+
         new = replace(
             settings,
             batch_invariant=True,
-            type_k="q8_0" if settings.type_k in unquantized else settings.type_k,
-            type_v="q8_0" if settings.type_v in unquantized else settings.type_v,
+            type_k=cache(settings.type_k),
+            type_v=cache(settings.type_v),
         )
         if new == settings:
             return settings, None
-        cache = (
-            f", KV cache {new.type_k}"
-            if (new.type_k, new.type_v) != (settings.type_k, settings.type_v)
-            else ""
-        )
+        said = ""
+        if (new.type_k, new.type_v) != (settings.type_k, settings.type_v):
+            said = f", KV cache {_pair(new.type_k, new.type_v)} "
+            said += f"(planned: {_pair(settings.type_k, settings.type_v)})"
         return new, (
-            f"exact speculative decoding: loading with one-token kernels for batches{cache}, "
-            "so a verified draft is computed as plain decoding computes it (prompts are "
-            "processed a little slower)"
+            "exact speculative decoding: loading with one-token kernels for batches"
+            f"{said}, so that a verified draft is computed as one token is and drafts never "
+            "change the text (prompts are processed somewhat slower)"
         )
+
+
+def _pair(type_k: str, type_v: str) -> str:
+    """A KV cache's types as the user would name them: one word when K and V agree."""
+    return type_k if type_k == type_v else f"K {type_k}, V {type_v}"
 
 
 @dataclass(frozen=True)
