@@ -93,6 +93,7 @@ class Result:
     draft_n: int
     draft_n_accepted: int
     text: str = ""
+    prompt_tok_s: float = 0.0
 
     @property
     def acceptance(self) -> float:
@@ -185,6 +186,7 @@ def server_reply(
         int(t.get("draft_n", 0)),
         int(t.get("draft_n_accepted", 0)),
         data.get("content", ""),
+        float(t.get("prompt_per_second", 0.0)),
     )
 
 
@@ -210,6 +212,7 @@ def engine_reply(
         t.draft_n,
         t.draft_n_accepted,
         done.text,
+        t.prompt_per_second,
     )
 
 
@@ -224,6 +227,7 @@ def median(results: list[Result]) -> Result:
         mid.draft_n,
         mid.draft_n_accepted,
         mid.text,
+        statistics.median(r.prompt_tok_s for r in results),
     )
 
 
@@ -459,6 +463,8 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
         "rewrite_first_difference_at_char": _first_difference(same_load.text, spec.text),
         "rewrite_same_as_planned_plain": spec.text == base.text,
         "rewrite_acceptance": spec.acceptance,
+        # What the exact load costs a prompt (its flash attention over a q8_0 cache).
+        "rewrite_prompt_speed_vs_plain": spec.prompt_tok_s / base.prompt_tok_s,
         "rewrite_vs_best_llama_server": vs_best(spec),
         "rewrite_no_exact_speedup": loose.decode_tok_s / base.decode_tok_s,
         "rewrite_no_exact_identical_text": loose.text == base.text,
@@ -497,11 +503,13 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
 
 
 def _render(report: dict[str, Any]) -> str:
-    lines = [f"{'contender':<48} {'tok/s':>8} {'tokens':>7} {'drafted':>8} {'accept':>7}"]
+    lines = [
+        f"{'contender':<48} {'tok/s':>8} {'tokens':>7} {'drafted':>8} {'accept':>7} {'prompt':>8}"
+    ]
     for key, r in report["results"].items():
         lines.append(
             f"{key:<48} {r['decode_tok_s']:>8.1f} {r['tokens']:>7} {r['draft_n']:>8} "
-            f"{r['acceptance']:>7.0%}"
+            f"{r['acceptance']:>7.0%} {r['prompt_tok_s']:>8.1f}"
         )
     for key, value in report.items():
         if key != "results":
