@@ -310,7 +310,7 @@ def test_verifies_hold_no_more_tokens_than_llama_cpp_computes_exactly(model_path
 
 def test_past_256_tokens_of_an_f16_cache_no_draft_is_verified(model_path: Path) -> None:
     from localfab.engine import Engine, EngineSettings
-    from localfab.engine.spec import exact_batch
+    from localfab.engine.exactness import exact_batch
     from localfab.runtime import start_speculation
 
     prompt_text = TEXT * 6

@@ -353,7 +353,7 @@ class Engine:
 
     @property
     def speculation_batch_past(self) -> int:
-        """The same once the cache holds more than `ONE_THREAD_CELLS` (see `spec.exact_batch`)."""
+        """The same once the cache holds more than `ONE_THREAD_CELLS` (`exact_batch`)."""
         return 0 if self._speculator is None else self._speculator.max_batch_past
 
     @property
@@ -372,7 +372,7 @@ class Engine:
 
         "draft-simple" needs `draft` (see `load_draft`); the engine owns it from here on and
         closes it with itself or when speculation changes. Turning it on measures how many
-        tokens one verify may hold (`spec.exact_batch`), which clears the cache; load the
+        tokens one verify may hold (`exactness.exact_batch`), which clears the cache; load the
         engine as `SpecSettings.load_settings` says for long verifies.
         """
         if settings is not None and settings.enabled:
@@ -383,7 +383,8 @@ class Engine:
             old = self._speculator
             self._speculator = None
             if settings is not None and settings.enabled:
-                from localfab.engine.spec import Speculator, exact_batch
+                from localfab.engine.exactness import exact_batch
+                from localfab.engine.spec import Speculator
 
                 use = draft if settings.spec_type == "draft-simple" else None
                 n = min(settings.max_draft + 1, self.n_batch)

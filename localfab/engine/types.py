@@ -110,7 +110,7 @@ class SpecSettings:
     a prompt lookup drafts a copy as far again as it has held (`spec.propose`); without, every
     draft is as long as the lookup allows (tests and benchmarks). With `exact`
     a verify holds no more tokens than llama.cpp computes exactly as it computes one (see
-    `spec.exact_batch`), so the text is plain decoding's; without, drafts may be as long as
+    `exactness.exact_batch`), so the text is plain decoding's; without, drafts may be as long as
     `draft_max`, as in llama-server, and a near tie may be broken the other way.
     """
 
