@@ -193,7 +193,7 @@ class SpecSettings:
         return new, (
             "exact speculative decoding: loading with one-token kernels for batches"
             f"{said}, so that a verified draft is computed as one token is and drafts never "
-            "change the text (prompts are processed somewhat slower)"
+            "change the text (prompts are processed about a third slower)"
         )
 
 
