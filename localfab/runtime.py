@@ -287,7 +287,7 @@ def start_speculation(engine: Engine, spec: SpecSettings) -> str:
         said += (
             f" within the first {ONE_THREAD_CELLS} tokens of context, {past or 'none'} past them "
             "(llama.cpp computes one token's attention over an f16 KV cache differently there; "
-            "-ctk q8_0 -ctv q8_0 computes it alike)"
+            "-ctk q8_0 computes it alike)"
         )
     return said
 

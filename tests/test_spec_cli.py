@@ -181,10 +181,10 @@ def test_run_with_ngram_speculation_gives_the_same_text(
     t = fast["timings"]
     assert t["draft_n"] > 20 and 0 < t["draft_n_accepted"] <= t["draft_n"]
     assert t["prompt_n"] > (256 if prompt is LONG_PROMPT else 0)
-    # Exact speculation on the CPU loads one-token kernels for batches and a q8_0 cache.
+    # Exact speculation on the CPU loads one-token kernels for batches and a q8_0 K cache.
     for said in (err, plain_err):
         assert "exact speculative decoding: loading with one-token kernels" in said
-        assert "KV cache q8_0 (planned: f16)" in said
+        assert "KV cache K q8_0, V f16 (planned: f16)" in said
     assert "speculative decoding with ngram-simple, up to 8 tokens per step" in err
     assert f"{t['draft_n']} tokens drafted, {t['draft_n_accepted']} accepted (acceptance" in err
     assert "nothing drafted (the reply did not repeat its input)" in plain_err

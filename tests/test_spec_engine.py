@@ -183,17 +183,19 @@ def test_exact_speculation_loads_batch_invariant_kernels_and_a_q8_0_cache() -> N
 
     planned = EngineSettings(n_ctx=1024, n_threads=2)
     loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(planned)
-    assert loaded == replace(planned, batch_invariant=True, type_k="q8_0", type_v="q8_0")
-    assert notice is not None and "KV cache q8_0 (planned: f16)" in notice
+    assert loaded == replace(planned, batch_invariant=True, type_k="q8_0", type_v="f16")
+    assert notice is not None and "KV cache K q8_0, V f16 (planned: f16)" in notice
     # A cache type the user gave (-ctk/-ctv) stays; the kernels still change.
     loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(planned, keep_cache=True)
     assert loaded == replace(planned, batch_invariant=True)
     assert notice is not None and "KV cache" not in notice
-    # An already quantized cache stays, and the notice does not speak of it.
-    q4 = replace(planned, type_k="q4_0", type_v="q4_0")
-    loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(q4)
-    assert loaded == replace(q4, batch_invariant=True)
-    assert notice is not None and "KV cache" not in notice
+    # A cache whose K and V differ, or that is quantized or bf16, stays: one token and a batch
+    # take the same flash-attention path over it.
+    for k, v in (("q4_0", "q4_0"), ("q8_0", "f16"), ("f16", "q8_0"), ("bf16", "bf16")):
+        other = replace(planned, type_k=k, type_v=v)
+        loaded, notice = SpecSettings(spec_type="ngram-simple").load_settings(other)
+        assert loaded == replace(other, batch_invariant=True)
+        assert notice is not None and "KV cache" not in notice
     # Left as planned: no speculation, --no-spec-exact, layers on a GPU (other kernels), and
     # no flash attention (a quantized V cache needs it).
     for spec, settings in (
@@ -212,10 +214,9 @@ def test_exact_speculation_loads_batch_invariant_kernels_and_a_q8_0_cache() -> N
 def eng(model_path: Path) -> Iterator[Any]:
     from localfab.engine import Engine, EngineSettings
 
-    engine = Engine(
-        model_path,
-        EngineSettings(n_ctx=2048, n_batch=512, batch_invariant=True, type_k="q8_0", type_v="q8_0"),
-    )
+    # As `run` loads a model for exact speculation (one-token kernels, a q8_0 K cache).
+    settings = EngineSettings(n_ctx=2048, n_batch=512)
+    engine = Engine(model_path, SpecSettings(spec_type="ngram-simple").load_settings(settings)[0])
     yield engine
     engine.close()
 
@@ -329,15 +330,18 @@ def test_past_256_tokens_of_an_f16_cache_no_draft_is_verified(model_path: Path) 
         engine.set_speculation(None)
 
 
-def test_with_a_quantized_cache_a_verify_past_256_tokens_is_bit_exact(model_path: Path) -> None:
+@pytest.mark.parametrize(("type_k", "type_v"), [("q8_0", "q8_0"), ("q8_0", "f16"), ("f16", "q8_0")])
+def test_with_a_quantized_cache_a_verify_past_256_tokens_is_bit_exact(
+    model_path: Path, type_k: str, type_v: str
+) -> None:
     # With an f16 cache llama.cpp decodes one token past 256 cells with another flash-attention
-    # kernel than a batch (see spec.py); with q8_0 both take the same one, so a verify of up to
-    # `exact_batch` tokens gives plain decoding's logits at any length.
+    # kernel than a batch (see spec.py); with q8_0 K or V both take the same one, so a verify of
+    # up to `exact_batch` tokens gives plain decoding's logits at any length.
     import numpy as np
 
     from localfab.engine import Engine, EngineSettings
 
-    settings = EngineSettings(n_ctx=1024, n_batch=512, repack=False, type_k="q8_0", type_v="q8_0")
+    settings = EngineSettings(n_ctx=1024, n_batch=512, repack=False, type_k=type_k, type_v=type_v)
     with Engine(model_path, settings) as engine:
         engine.set_speculation(SpecSettings(spec_type="ngram-simple", draft_max=16))
         n = engine.speculation_batch

@@ -40,8 +40,8 @@ def exact_batch(engine: Engine, n_max: int = PROBE_MAX) -> tuple[int, int]:
     the last bits; verifying no more tokens at once than this keeps a verified position's
     logits those of plain decoding. Probed at two lengths of the cache: up to 256 cells, and,
     where the context holds it, past them, where flash attention over an f16 cache splits one
-    token over the threads (a batch is not split: there only a quantized cache stays exact).
-    Clears the cache.
+    token over the threads (a batch is not split: there a cache whose K or V is quantized
+    stays exact). Clears the cache.
     """
     if engine.buffers.repacked_bytes:
         n_max = min(n_max, _REPACKED_MAX)

@@ -19,8 +19,8 @@ ranges, so the roundings differ. That last one is not small: on the test model p
 a verified position's logits differ from one-token decoding by up to 0.9 (margins between the
 two likeliest tokens move by as much), as with llama-server's own speculation. So exact
 speculation on the CPU loads the model with `EngineSettings.batch_invariant` (no repacked
-weights, no tiled kernels) and a q8_0 cache (`SpecSettings.load_settings`; `run`, `serve` and
-the chat app do), where one token and a batch of up to 63 take the same kernels at any length,
+weights, no tiled kernels) and a q8_0 K cache (`SpecSettings.load_settings`; `run`, `serve`
+and the chat app do), where one token and a batch of up to 63 take the same kernels at any length,
 and a verify holds no more tokens than `exactness.exact_batch` measures (a whole draft there; 3
 with repacked weights, 1 past 256 tokens of an f16 cache, where speculation then stays off).
 """
