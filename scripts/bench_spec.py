@@ -6,7 +6,7 @@ once (idle ones take no CPU) and asked in turn each round, so drift on a shared 
 every contender alike; medians over --runs:
 
 - rewrite: a text of ~300 words to copy with small edits, greedy. localfab without speculation,
-  with ngram-simple (exact: it loads one-token kernels for batches and a q8_0 cache, see the
+  with ngram-simple (exact: it loads one-token kernels for batches and a q8_0 K cache, see the
   README) and with --no-spec-exact; llama-server with --spec-type none, ngram-simple,
   ngram-map-k, ngram-mod and ngram-cache. Decode tok/s, acceptance, and whether each
   speculative text is its own server's plain text; localfab's exact text is also compared with
@@ -463,7 +463,7 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
         "rewrite_first_difference_at_char": _first_difference(same_load.text, spec.text),
         "rewrite_same_as_planned_plain": spec.text == base.text,
         "rewrite_acceptance": spec.acceptance,
-        # What the exact load costs a prompt (its flash attention over a q8_0 cache).
+        # What the exact load costs a prompt (its flash attention over a q8_0 K cache).
         "rewrite_prompt_speed_vs_plain": spec.prompt_tok_s / base.prompt_tok_s,
         "rewrite_vs_best_llama_server": vs_best(spec),
         "rewrite_no_exact_speedup": loose.decode_tok_s / base.decode_tok_s,
