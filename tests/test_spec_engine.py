@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from localfab.engine import Done, SamplingParams, TokenEvent
-from localfab.engine.spec import NgramDraft, SpecCosts, Tuner, propose
+from localfab.engine.spec import VERIFY_ROWS, NgramDraft, SpecCosts, Tuner, fill_tiles, propose
 from localfab.engine.types import DRAFT_MAX_LOOKUP, SpecSettings, Timings
 from localfab.errors import UsageError
 
@@ -47,8 +47,44 @@ def test_ngram_lookup_proposes_what_followed_the_last_ngram() -> None:
     assert d.draft(3) == []
     d.push(2)
     d.push(3)
-    # The most recent occurrence wins: "2 3" was last followed by 9.
-    assert d.draft(5) == [9, 2, 3]
+    # The copy of "2 3 4 ..." was left for "9" and "2 3" picks it up again: the text goes on.
+    assert d.draft(5) == [4, 5, 6, 7, 8]
+    # Nothing copied yet: the latest occurrence wins ("2 3" was last followed by 9), and a
+    # text that runs into the end of the history goes on repeating.
+    d.reset([1, 2, 3, 4, 5, 6, 7, 8, 2, 3, 9, 2, 3])
+    assert d.draft(5) == [9, 2, 3, 9, 2]
+
+
+def test_ngram_lookup_picks_a_copy_up_past_a_cut() -> None:
+    # A rewrite that leaves a part out: ". In" occurs after the cut and, earlier, in a part
+    # already copied; the copy goes on from the first occurrence past where it was.
+    text = [10, 11, 12, 1, 2, 13, 14, 15, 16, 17, 1, 2, 18, 19, 20, 21]  # 1 2 is ". In"
+    d = NgramDraft()
+    d.reset([*text, 99, 10, 11, 12, 1])
+    assert d.draft(3) == [2, 13, 14]  # copying the start of the text
+    for tok in (2, 13, 14):  # the copy holds
+        d.push(tok)
+    assert d.draft(2) == [15, 16] and d.copy_at == 7
+    for tok in (1, 2):  # 15 16 17 left out: ". In" again
+        d.push(tok)
+    assert d.draft(4) == [18, 19, 20, 21]  # not 13 14 from the part already copied
+
+
+def test_a_repeating_loop_is_drafted_past_the_end_of_the_history() -> None:
+    d = NgramDraft()
+    d.reset([7, 1, 2, 3, 1, 2, 3, 1, 2])
+    assert d.draft(7) == [3, 1, 2, 3, 1, 2, 3]
+    assert d.agreement == 5  # as far back as the loop has held before the match
+
+
+def test_a_verify_fills_whole_tiles_of_the_matrix_kernels() -> None:
+    assert VERIFY_ROWS == 4
+    assert fill_tiles(4, 48) == 7  # 5 rows: the tile's other 3 rows come free
+    assert fill_tiles(8, 48) == 11
+    assert fill_tiles(47, 48) == 47 and fill_tiles(48, 48) == 47  # 49 rows: one fewer
+    assert fill_tiles(5, 6) == 3  # not enough drafted for 8 rows: 4
+    assert fill_tiles(2, 48) == 2 and fill_tiles(1, 1) == 1  # under one tile: as asked
+    assert fill_tiles(3, 3) == 3
 
 
 def test_ngram_lookup_prefers_the_longest_match() -> None:
@@ -78,10 +114,11 @@ def test_a_lookup_drafts_a_copy_as_far_again_as_it_has_held() -> None:
     source = list(range(100, 160))
     d.reset([*source, 1, *source[:20]])
     sure = Tuner(SpecCosts(), k_max=48)  # costs unknown: the tuner asks for all it may
-    assert propose(sure, d, 48) == source[20:40]  # held for 20: 20 more
-    assert propose(sure, d, 10) == source[20:30]  # never past the limit
+    # Held for 20: 20 more, and 3 besides to fill the verify's last tile of 4 rows.
+    assert propose(sure, d, 48) == source[20:43]
+    assert propose(sure, d, 10) == source[20:27]  # never past the limit (8 rows)
     d.reset([*source, 1, *source[:20], 2, *source[22:24]])  # an edit 3 tokens back
-    assert propose(sure, d, 48) == source[24:28]  # held for 2: the shortest draft, 4
+    assert propose(sure, d, 48) == source[24:31]  # held for 2: the shortest draft, 4 (to 7)
     thin = Tuner(SpecCosts(one=0.010, per_draft=0.004), k_max=48, accept=0.55)
     assert thin.length(48) == 1
     assert propose(thin, d, 48) == source[24:26]  # the tuner asks for fewer: as far as it held
@@ -119,7 +156,7 @@ def test_short_drafts_do_not_make_long_drafts_look_dear() -> None:
     tuner.verify(1, 1, 0.031)
     assert costs.verify(16) == pytest.approx(0.107, rel=0.05)
     assert costs.verify(1) == pytest.approx(0.031, rel=0.05)
-    assert tuner.length(16) == 16  # every draft was kept: as long as allowed
+    assert tuner.length(16) == 15  # every draft was kept: as long as allowed in whole tiles
     # Verifies of one length only: the fixed part is a decode, the rest is per drafted token.
     same = SpecCosts(one=0.017)
     for _ in range(3):
@@ -138,7 +175,7 @@ def test_a_cost_measured_in_a_busy_moment_is_measured_again_while_guesses_are_ri
         tuner.plain(0.010)
         lengths.append(tuner.length(16))
     # One short draft after a while, not a draft every token.
-    assert sorted(lengths)[-2:] == [0, 4]
+    assert sorted(lengths)[-2:] == [0, 3]
     tuner.verify(4, 4, 0.012)  # verifying is cheap after all
     assert tuner.length(16) > 0
     # Where guesses are wrong (text that does not repeat), no probing at all.

@@ -27,6 +27,7 @@ with repacked weights, 1 past 256 tokens of an f16 cache, where speculation then
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import time
@@ -81,10 +82,16 @@ class Drafter(Protocol):
 
 
 class NgramDraft:
-    """Prompt lookup: the tokens that followed the latest earlier occurrence of the last n-gram.
+    """Prompt lookup: the tokens that followed an earlier occurrence of the last n-gram.
 
-    For every n in `NGRAM_SIZES` a dict maps each n-gram of the history to where its most
-    recent follower starts; it is updated as tokens arrive, so a lookup is a few dict reads.
+    For every n in `NGRAM_SIZES` a dict maps each n-gram of the history to where its followers
+    start, in order; it is updated as tokens arrive, so a lookup is a few dict reads.
+
+    Of several occurrences the lookup takes the first one at or after the place in the history
+    that the reply was last seen copying (`copy_at`), else the latest. A reply that rewrites a
+    text leaves parts out: after a cut, the short n-gram that picks the copy up again (". In")
+    also occurs in places already copied, or later in the reply itself, while the text goes on
+    from the first occurrence past the cut.
     """
 
     cheap = True
@@ -92,11 +99,15 @@ class NgramDraft:
     def __init__(self, sizes: Sequence[int] = NGRAM_SIZES) -> None:
         self.sizes = tuple(sizes)
         self.tokens: list[int] = []
-        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.maps: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in self.sizes}
         self.agreement = 0
+        #: Where the text the last draft was copied from goes on, moved on by every token
+        #: that follows it (-1: nothing drafted yet).
+        self.copy_at = -1
 
     def reset(self, tokens: Sequence[int]) -> None:
         self.tokens = []
+        self.copy_at = -1
         for m in self.maps.values():
             m.clear()
         for tok in tokens:
@@ -104,11 +115,19 @@ class NgramDraft:
 
     def push(self, token: int) -> None:
         toks = self.tokens
+        at = self.copy_at
+        if 0 <= at < len(toks) and toks[at] == token:
+            self.copy_at = at + 1
         toks.append(token)
         end = len(toks) - 1  # the new token follows the n-gram that ends just before it
         for n, m in self.maps.items():
             if end >= n:
-                m[tuple(toks[end - n : end])] = end
+                key = tuple(toks[end - n : end])
+                found = m.get(key)
+                if found is None:
+                    m[key] = [end]
+                else:
+                    found.append(end)
 
     def rebase(self, tokens: Sequence[int]) -> None:
         """The window moved: lookups keep using the whole history, which is still text."""
@@ -122,13 +141,21 @@ class NgramDraft:
         for k, m in self.maps.items():
             if size < k:
                 continue
-            at = m.get(tuple(toks[size - k :]))
-            if at is not None:
+            found = m.get(tuple(toks[size - k :]))
+            if found is not None:
+                i = bisect.bisect_left(found, self.copy_at) if self.copy_at >= 0 else len(found)
+                at = found[i] if i < len(found) else found[-1]
                 agree = k
                 while agree < min(n, at) and toks[at - 1 - agree] == toks[size - 1 - agree]:
                     agree += 1
                 self.agreement = agree
-                return toks[at : at + n]
+                self.copy_at = at
+                out = toks[at : at + n]
+                # The text runs into the history's end (a repeating loop): it goes on as it did.
+                period = size - at
+                while len(out) < n:
+                    out.append(out[len(out) - period])
+                return out
         return []
 
 
@@ -242,7 +269,7 @@ _FIT_KEEP = 0.85  # weight of a verify in the cost line against the next one
 _PRIOR = 0.6  # acceptance assumed before any is measured
 _PROBE_EVERY = 32  # plain tokens before a draft model that did not pay is tried again
 _PROBE_ACCEPT = 0.8  # guesses this often right make a stale cost worth measuring again
-_PROBE_LEN = 4  # tokens in a draft that measures the cost again
+_PROBE_LEN = 3  # tokens in a draft that measures the cost again (a verify of four rows)
 
 
 @dataclass
@@ -278,6 +305,8 @@ class Tuner:
         a = min(self.accept, 0.999)
         best_k, best_rate = 0, 1.0 / costs.one
         for k in range(1, self.k_max + 1):
+            if fill_tiles(k, k) != k:
+                continue  # a verify that costs as much as a longer one (see `fill_tiles`)
             rate = (1.0 - a ** (k + 1)) / (1.0 - a) / costs.verify(k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
@@ -326,6 +355,28 @@ class Tuner:
 # A prompt lookup's draft holds at least this many tokens when the tuner asks for as many.
 _COPY_MIN = 4
 
+# llama.cpp's CPU matrix kernels take the rows of a batch four at a time (tinyBLAS's 4x4 tiles,
+# the repacked weights' four-row kernels): a batch of 4n + 1 to 4n + 3 rows makes one more pass
+# over every weight matrix for the rest, the output matrix included (with a 262k-token
+# vocabulary most of a small model). A verify of the pending token and k drafted tokens is k + 1
+# rows; on 2 CPU cores with the test model 8 rows took 45 ms, 7 rows 66 and 9 rows 60; 48 rows
+# 165 ms, 49 rows 194.
+VERIFY_ROWS = 4
+
+
+def fill_tiles(k: int, available: int) -> int:
+    """The draft length to verify in place of `k` when `available` tokens are drafted.
+
+    From a tile up, a verify fills whole tiles: the draft grows to the next whole number of
+    tiles where the drafter has the tokens (they cost nothing more), else it shrinks to the
+    last one. Below a tile it stays as it is.
+    """
+    rows = k + 1
+    if rows < VERIFY_ROWS:
+        return min(k, available)
+    up = -(-rows // VERIFY_ROWS) * VERIFY_ROWS - 1
+    return up if up <= available else rows // VERIFY_ROWS * VERIFY_ROWS - 1
+
 
 def propose(tuner: Tuner, drafter: Drafter, limit: int) -> list[int]:
     """The draft to verify now, at most `limit` tokens; [] to decode one token plainly.
@@ -336,14 +387,18 @@ def propose(tuner: Tuner, drafter: Drafter, limit: int) -> list[int]:
     as long as the history agrees with the source (`Drafter.agreement`), from `_COPY_MIN`
     tokens (fewer when the tuner asks for fewer). Long drafts where the copy is sure and short
     ones after each edit cost fewer verifies and fewer rejected tokens than one length for all.
+    An adaptive draft then fills whole tiles of the matrix kernels (`fill_tiles`).
     """
     k = tuner.length(limit)
     if k <= 0:
         return []
-    if not (drafter.cheap and tuner.adaptive):
+    if not tuner.adaptive:
         return drafter.draft(k)
+    if not drafter.cheap:
+        drafts = drafter.draft(k)
+        return drafts[: fill_tiles(len(drafts), len(drafts))]
     drafts = drafter.draft(limit)
-    return drafts[: max(min(k, _COPY_MIN), drafter.agreement)]
+    return drafts[: fill_tiles(max(min(k, _COPY_MIN), drafter.agreement), len(drafts))]
 
 
 class _Reply:
