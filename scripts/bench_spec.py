@@ -1,9 +1,12 @@
 """Speculative decoding benchmark: localfab against llama-server's ngram modes.
 
 Three tasks, each side by side in one run: every contender is a server process of its own
-(`localfab serve` as `run` loads the model, llama-server of the same llama.cpp build), all up at
-once (idle ones take no CPU) and asked in turn each round, so drift on a shared machine hits
-every contender alike; medians over --runs:
+(`localfab serve` as `run` loads the model, llama-server of the same llama.cpp build), started
+afresh for every round and asked in turn, so drift on a shared machine hits every contender
+alike; medians over --runs. A fresh server sees the rewrite for the first time: llama-server's
+ngram-mod and ngram-cache keep what they learn from one request for the next (one table for all
+requests), so a repeated request is drafted from the reply it gave before, not from the prompt.
+The same request sent again to the same server is measured as "rewrite again", side by side:
 
 - rewrite: a text of ~300 words to copy with small edits, greedy. localfab without speculation,
   with ngram-simple (exact: it loads one-token kernels for batches and a q8_0 K cache, see the
@@ -78,6 +81,14 @@ REWRITE = (
     "<start_of_turn>user\nRewrite the following text exactly, word for word, but change the "
     f"name Thomas to Peter and the word village to town:\n\n{TEXT}<end_of_turn>\n"
     "<start_of_turn>model\n"
+)
+# Before the measured requests, on every fresh server: a copy of another text, so that the
+# first long verifies (and whatever llama.cpp sets up for them) are not measured either.
+WARM_UP = (
+    "<start_of_turn>user\nCopy this text exactly:\n\nThe garden behind the school is full of "
+    "roses, tulips and small apple trees. Every Friday the pupils water the plants, pull out the "
+    "weeds and write down how tall the sunflowers have grown. In May they sell flowers at the "
+    "market to buy new books for the library.<end_of_turn>\n<start_of_turn>model\n"
 )
 FREE = (
     "<start_of_turn>user\nWrite a long, original story about a robot who learns to cook "
@@ -304,16 +315,14 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     def add(r: Result, task: str) -> None:
         runs.setdefault(f"{task}: {r.name}", []).append(r)
 
-    with ExitStack() as stack:
-        urls = {name: stack.enter_context(start()) for name, start in contenders(args).items()}
-        free_urls = {k: v for k, v in urls.items() if k in ("localfab", "localfab ngram-simple")}
-        for name, url in urls.items():  # warm-up, not measured
-            server_reply(url, name, REWRITE, 16)
-        for run in range(args.runs):
-            for name, url in urls.items():
+    for run in range(args.runs):
+        for name, start in contenders(args).items():
+            with start() as url:  # a fresh server: nothing learned from earlier requests
+                server_reply(url, name, WARM_UP, 64)  # not measured
                 add(server_reply(url, name, REWRITE, args.tokens), "rewrite")
-            for name, url in free_urls.items():
-                add(server_reply(url, name, FREE, args.tokens, seed=run), "free")
+                add(server_reply(url, name, REWRITE, args.tokens), "rewrite again")
+                if name in ("localfab", "localfab ngram-simple"):
+                    add(server_reply(url, name, FREE, args.tokens, seed=run), "free")
     # In this process, after the servers: llama.cpp chooses its tiled kernels once per process,
     # at its first matrix product, and the exact load turns them off.
     add(same_load_plain(args.model, args.threads, REWRITE, args.tokens), "rewrite")
@@ -454,6 +463,14 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
     def vs_best(r: Result) -> float | None:
         return r.decode_tok_s / best_server.decode_tok_s if best_server else None
 
+    # The same request sent again to the same server: llama-server's tables then hold the reply.
+    again = {k.split(": ", 1)[1]: v for k, v in m.items() if k.startswith("rewrite again: ")}
+    servers_again = {
+        k: v for k, v in again.items() if k.startswith("llama-server") and not k.endswith(" none")
+    }
+    best_again = max(servers_again.values(), key=lambda r: r.decode_tok_s, default=None)
+    spec_again = again.get(spec.name)
+
     return {
         "results": {k: asdict(v) | {"acceptance": v.acceptance} for k, v in m.items()},
         "rewrite_speedup": spec.decode_tok_s / base.decode_tok_s,
@@ -495,6 +512,17 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
             if server_plain
             else None
         ),
+        # Each server's second reply to the same request against its first (above 1: it
+        # drafted from its earlier reply), and localfab against the best of llama-server there.
+        "rewrite_again_vs_first": {
+            k.split(": ", 1)[1]: again[k.split(": ", 1)[1]].decode_tok_s / v.decode_tok_s
+            for k, v in m.items()
+            if k.startswith("rewrite: ") and k.split(": ", 1)[1] in again
+        },
+        "best_llama_server_again": best_again.name if best_again else None,
+        "rewrite_again_vs_best_llama_server_again": (
+            spec_again.decode_tok_s / best_again.decode_tok_s if best_again and spec_again else None
+        ),
         "free_ratio": free_spec.decode_tok_s / free_base.decode_tok_s,
         "free_acceptance": free_spec.acceptance,
         "draft_acceptance": draft_spec.acceptance,
@@ -512,8 +540,11 @@ def _render(report: dict[str, Any]) -> str:
             f"{r['acceptance']:>7.0%} {r['prompt_tok_s']:>8.1f}"
         )
     for key, value in report.items():
-        if key != "results":
-            lines.append(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+        if key == "results":
+            continue
+        if isinstance(value, dict):
+            value = {k: round(v, 3) if isinstance(v, float) else v for k, v in value.items()}
+        lines.append(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     return "\n".join(lines)
 
 
