@@ -6,7 +6,7 @@ afresh for every round and asked in turn, so drift on a shared machine hits ever
 alike; medians over --runs. A fresh server sees the rewrite for the first time: llama-server's
 ngram-mod and ngram-cache keep what they learn from one request for the next (one table for all
 requests), so a repeated request is drafted from the reply it gave before, not from the prompt.
-The same request sent again to the same server is measured as "rewrite again", side by side:
+The same request sent again to the same server is measured too ("rewrite again"). The tasks:
 
 - rewrite: a text of ~300 words to copy with small edits, greedy. localfab without speculation,
   with ngram-simple (exact: it loads one-token kernels for batches and a q8_0 K cache, see the
@@ -445,30 +445,39 @@ def _first_difference(a: str, b: str) -> int | None:
     )
 
 
-def _report(m: dict[str, Result]) -> dict[str, Any]:
-    base = m["rewrite: localfab"]
-    spec = m["rewrite: localfab ngram-simple"]
-    same_load = m["rewrite: localfab ngram-simple's load, no drafts"]
-    loose = m["rewrite: localfab ngram-simple no-exact"]
-    servers = {
-        k: v
-        for k, v in m.items()
-        if k.startswith("rewrite: llama-server") and not k.endswith(" none")
+def _task(m: dict[str, Result], task: str) -> dict[str, Result]:
+    """The results of one task, by contender ("rewrite again: localfab" -> "localfab")."""
+    return {k.split(": ", 1)[1]: v for k, v in m.items() if k.startswith(f"{task}: ")}
+
+
+def _drafting_llama_servers(results: dict[str, Result]) -> dict[str, Result]:
+    """llama-server's speculative contenders among one task's results."""
+    return {
+        k: v for k, v in results.items() if k.startswith("llama-server") and not k.endswith(" none")
     }
-    server_plain = m.get("rewrite: llama-server none")
-    best_server = max(servers.values(), key=lambda r: r.decode_tok_s, default=None)
+
+
+def _fastest(results: dict[str, Result]) -> Result | None:
+    return max(results.values(), key=lambda r: r.decode_tok_s, default=None)
+
+
+def _report(m: dict[str, Result]) -> dict[str, Any]:
+    # The same request sent again to the same server: llama-server's tables then hold the reply.
+    first, again = _task(m, "rewrite"), _task(m, "rewrite again")
+    base = first["localfab"]
+    spec = first["localfab ngram-simple"]
+    same_load = first["localfab ngram-simple's load, no drafts"]
+    loose = first["localfab ngram-simple no-exact"]
+    servers = _drafting_llama_servers(first)
+    server_plain = first.get("llama-server none")
+    best_server = _fastest(servers)
     free_base, free_spec = m["free: localfab"], m["free: localfab ngram-simple"]
     draft_base, draft_spec = m["draft: localfab"], m["draft: localfab draft-simple"]
 
     def vs_best(r: Result) -> float | None:
         return r.decode_tok_s / best_server.decode_tok_s if best_server else None
 
-    # The same request sent again to the same server: llama-server's tables then hold the reply.
-    again = {k.split(": ", 1)[1]: v for k, v in m.items() if k.startswith("rewrite again: ")}
-    servers_again = {
-        k: v for k, v in again.items() if k.startswith("llama-server") and not k.endswith(" none")
-    }
-    best_again = max(servers_again.values(), key=lambda r: r.decode_tok_s, default=None)
+    best_again = _fastest(_drafting_llama_servers(again))
     spec_again = again.get(spec.name)
 
     return {
@@ -500,24 +509,17 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
         # Whether llama-server's speculation gives llama-server's own plain text (the same
         # question asked of localfab by rewrite_identical_text).
         "llama_server_identical_text": (
-            {k.split(": ", 1)[1]: v.text == server_plain.text for k, v in servers.items()}
-            if server_plain
-            else None
+            {k: v.text == server_plain.text for k, v in servers.items()} if server_plain else None
         ),
         "llama_server_first_difference_at_char": (
-            {
-                k.split(": ", 1)[1]: _first_difference(server_plain.text, v.text)
-                for k, v in servers.items()
-            }
+            {k: _first_difference(server_plain.text, v.text) for k, v in servers.items()}
             if server_plain
             else None
         ),
         # Each server's second reply to the same request against its first (above 1: it
         # drafted from its earlier reply), and localfab against the best of llama-server there.
         "rewrite_again_vs_first": {
-            k.split(": ", 1)[1]: again[k.split(": ", 1)[1]].decode_tok_s / v.decode_tok_s
-            for k, v in m.items()
-            if k.startswith("rewrite: ") and k.split(": ", 1)[1] in again
+            name: r.decode_tok_s / first[name].decode_tok_s for name, r in again.items()
         },
         "best_llama_server_again": best_again.name if best_again else None,
         "rewrite_again_vs_best_llama_server_again": (
