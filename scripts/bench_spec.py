@@ -2,10 +2,12 @@
 
 Three tasks, each side by side in one run: every contender is a server process of its own
 (`localfab serve` as `run` loads the model, llama-server of the same llama.cpp build), started
-afresh for every round and asked in turn, so drift on a shared machine hits every contender
-alike; medians over --runs. A fresh server sees the rewrite for the first time: llama-server's
-ngram-mod and ngram-cache keep what they learn from one request for the next (one table for all
-requests), so a repeated request is drafted from the reply it gave before, not from the prompt.
+afresh for every round; a round's servers are all up at once and asked in turn (each round
+starting with the next one), so drift on a shared machine hits every contender alike; medians
+over --runs, and localfab's rewrite against the best llama-server round by round. A fresh
+server sees the rewrite for the first time: llama-server's ngram-mod and ngram-cache keep what
+they learn from one request for the next (one table for all requests), so a repeated request is
+drafted from the reply it gave before, not from the prompt.
 The same request sent again to the same server is measured too ("rewrite again"). The tasks:
 
 - rewrite: a text of ~300 words to copy with small edits, greedy. localfab without speculation,
@@ -316,13 +318,22 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         runs.setdefault(f"{task}: {r.name}", []).append(r)
 
     for run in range(args.runs):
-        for name, start in contenders(args).items():
-            with start() as url:  # a fresh server: nothing learned from earlier requests
-                server_reply(url, name, WARM_UP, 64)  # not measured
-                add(server_reply(url, name, REWRITE, args.tokens), "rewrite")
-                add(server_reply(url, name, REWRITE, args.tokens), "rewrite again")
+        with ExitStack() as stack:
+            # Fresh servers, nothing learned from earlier requests, all up at once (an idle
+            # one takes no CPU) so that one request of each follows another within seconds;
+            # each round starts with the next contender.
+            servers = list(contenders(args).items())
+            turn = run % len(servers)
+            urls = {name: stack.enter_context(start()) for name, start in servers}
+            names = [name for name, _ in servers[turn:] + servers[:turn]]
+            for name in names:
+                server_reply(urls[name], name, WARM_UP, 64)  # not measured
+            for task in ("rewrite", "rewrite again"):
+                for name in names:
+                    add(server_reply(urls[name], name, REWRITE, args.tokens), task)
+            for name in names:
                 if name in ("localfab", "localfab ngram-simple"):
-                    add(server_reply(url, name, FREE, args.tokens, seed=run), "free")
+                    add(server_reply(urls[name], name, FREE, args.tokens, seed=run), "free")
     # In this process, after the servers: llama.cpp chooses its tiled kernels once per process,
     # at its first matrix product, and the exact load turns them off.
     add(same_load_plain(args.model, args.threads, REWRITE, args.tokens), "rewrite")
@@ -331,6 +342,7 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
             add(r, "draft")
     medians = {key: median(rs) for key, rs in runs.items()}
     report = _report(medians)
+    report |= _by_round(runs, report["best_llama_server"])
     print(json.dumps(report, indent=2) if args.json else _render(report))
     return report
 
@@ -532,6 +544,27 @@ def _report(m: dict[str, Result]) -> dict[str, Any]:
     }
 
 
+def _by_round(runs: dict[str, list[Result]], best: str | None) -> dict[str, Any]:
+    """localfab's rewrite against the best llama-server (by medians) round by round: the two
+    replies of a round came within seconds of each other, so drift between rounds cancels."""
+    if best is None or f"rewrite: {best}" not in runs:
+        return {}
+    theirs = [r.decode_tok_s for r in runs[f"rewrite: {best}"]]
+    out: dict[str, Any] = {}
+    for key, name in (
+        ("rewrite", "localfab ngram-simple"),
+        ("rewrite_no_exact", "localfab ngram-simple no-exact"),
+    ):
+        ours = runs[f"rewrite: {name}"]
+        ratios = [r.decode_tok_s / t for r, t in zip(ours, theirs, strict=True)]
+        out[f"{key}_vs_best_llama_server_by_round"] = ratios
+        out[f"{key}_vs_best_llama_server_median_of_rounds"] = statistics.median(ratios)
+        out[f"{key}_rounds_at_or_above_best_llama_server"] = (
+            f"{sum(x >= 1.0 for x in ratios)} of {len(ratios)}"
+        )
+    return out
+
+
 def _render(report: dict[str, Any]) -> str:
     lines = [
         f"{'contender':<48} {'tok/s':>8} {'tokens':>7} {'drafted':>8} {'accept':>7} {'prompt':>8}"
@@ -546,6 +579,8 @@ def _render(report: dict[str, Any]) -> str:
             continue
         if isinstance(value, dict):
             value = {k: round(v, 3) if isinstance(v, float) else v for k, v in value.items()}
+        elif isinstance(value, list):
+            value = [round(v, 3) if isinstance(v, float) else v for v in value]
         lines.append(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     return "\n".join(lines)
 
