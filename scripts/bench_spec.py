@@ -7,8 +7,8 @@ starting with the next one), so drift on a shared machine hits every contender a
 over --runs, and localfab's rewrite against the best llama-server round by round. A fresh
 server sees the rewrite for the first time: llama-server's ngram-mod and ngram-cache keep what
 they learn from one request for the next (one table for all requests), so a repeated request is
-drafted from the reply it gave before, not from the prompt.
-The same request sent again to the same server is measured too ("rewrite again"). The tasks:
+drafted from the reply it gave before, not from the prompt. The same request sent again to the
+same server is measured too ("rewrite again"). The tasks:
 
 - rewrite: a text of ~300 words to copy with small edits, greedy. localfab without speculation,
   with ngram-simple (exact: it loads one-token kernels for batches and a q8_0 K cache, see the
@@ -575,14 +575,22 @@ def _render(report: dict[str, Any]) -> str:
             f"{r['acceptance']:>7.0%} {r['prompt_tok_s']:>8.1f}"
         )
     for key, value in report.items():
-        if key == "results":
-            continue
-        if isinstance(value, dict):
-            value = {k: round(v, 3) if isinstance(v, float) else v for k, v in value.items()}
-        elif isinstance(value, list):
-            value = [round(v, 3) if isinstance(v, float) else v for v in value]
-        lines.append(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+        if key != "results":
+            lines.append(
+                f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {_rounded(value)}"
+            )
     return "\n".join(lines)
+
+
+def _rounded(value: Any) -> Any:
+    """`value` with every float in it (in dicts and lists too) rounded to 3 places."""
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
