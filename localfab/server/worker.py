@@ -35,6 +35,7 @@ from localfab.errors import ContextOverflow, LocalfabError
 from localfab.ledger import LedgerWriter, TokenClock, record_generation
 from localfab.server.chat_window import ChatWindow
 from localfab.server.errors import ApiError, api_error
+from localfab.server.reply_shift import ReplyShift
 
 if TYPE_CHECKING:
     from localfab.runtime import LoadedModel
@@ -435,35 +436,13 @@ class EngineWorker:
             self._meter = EnergyMeter.for_this_machine()
         return self._meter.measure()
 
-    def shifter(self, job: Job) -> Callable[[list[int]], list[int] | None] | None:
-        """How a reply that fills the window goes on; None: it stops there.
+    def shifter(self, job: Job) -> ContextFull | None:
+        """How a reply that fills the window goes on (ReplyShift); None: it stops there.
 
         Only with --context-shift (without it the reply stops there, as llama-server's does).
-        A chat leaves out its oldest turns (ChatWindow). Otherwise, or when no whole turn is
-        left to give, this is llama-server's shift: keep BOS + n_keep and drop half of what
-        follows (n_discard). Either way the engine moves the kept KV cells instead of
-        re-processing them.
+        Either way the engine moves the kept KV cells instead of re-processing them.
         """
-        window = job.window
-
-        def halve(prompt: Sequence[int], generated: list[int]) -> list[int] | None:
-            tokens = list(prompt) + generated[:-1]
-            keep = 1 + (job.n_keep if job.n_keep >= 0 else len(prompt))
-            keep = min(keep, len(tokens) - 2)
-            n_discard = (len(tokens) - keep) // 2
-            if keep < 1 or n_discard <= 0:
-                return None
-            return tokens[:keep] + tokens[keep + n_discard :]
-
-        def shift(generated: list[int]) -> list[int] | None:
-            if window is not None:
-                target = window.on_context_full(generated)
-                if target is not None:
-                    return target
-                return halve(window.tokens, generated)
-            return halve(job.tokens, generated)
-
-        return shift if self.context_shift else None
+        return ReplyShift(job.tokens, job.n_keep, job.window) if self.context_shift else None
 
 
 def empty_result() -> Done:
