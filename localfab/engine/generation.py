@@ -91,17 +91,19 @@ def _end(engine: Engine, sampler: GuardedSampler | None) -> None:
 
 
 def prefill(kv: KVCache, prompt: Sequence[int], cancel: threading.Event | None) -> int:
-    """Evaluate what the cache lacks of `prompt` (a cancel stops between batches).
+    """Evaluate what the cache lacks of `prompt` (a cancel stops between micro-batches).
 
+    Fed one micro-batch at a time, as llama.cpp computes it anyway: a client that hangs up
+    during a long prompt frees the engine within one micro-batch, not after the whole batch.
     Returns how many prompt tokens were reused from the cache.
     """
     n_reused = kv.reuse_prefix(prompt)
     new = list(prompt[n_reused:])
-    n_batch = kv.n_batch
-    for off in range(0, len(new), n_batch):
+    step = kv.n_ubatch
+    for off in range(0, len(new), step):
         if cancel is not None and cancel.is_set():
             break
-        chunk = new[off : off + n_batch]
+        chunk = new[off : off + step]
         kv.decode(chunk, n_reused + off, logits_last=off + len(chunk) >= len(new))
     return n_reused
 

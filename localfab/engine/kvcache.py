@@ -46,6 +46,9 @@ class KVCache:
         self.ctx = ctx
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        # llama.cpp computes a batch one micro-batch at a time: a prompt fed in chunks of this
+        # size costs the same and can stop between any two of them.
+        self.n_ubatch = max(1, min(int(lc.llama_n_ubatch(ctx)), n_batch))
         self.n_vocab = n_vocab
         self.seq = seq
         self.shared = shared
