@@ -13,6 +13,7 @@ import click
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.engine.types import ONE_THREAD_CELLS
 from localfab.errors import UsageError
+from localfab.textsafe import json_controls, visible_controls
 from localfab.units import KV_CACHE_TYPES, usage
 
 if TYPE_CHECKING:
@@ -245,7 +246,8 @@ def run(
                 "energy_source": energy.source or None,
             },
         }
-        out.write(json.dumps(result, ensure_ascii=False) + "\n")
+        line = json.dumps(result, ensure_ascii=False)
+        out.write((json_controls(line) if out.isatty() else line) + "\n")
     else:
         out.write("\n")
     out.flush()
@@ -277,6 +279,8 @@ def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: bool) -> Rep
     from localfab.chat.session import Continued, Reply, Shifted
 
     out = sys.stdout
+    # On a terminal, model text never carries a control sequence to it (a pipe gets the bytes).
+    shown = visible_controls if out.isatty() else str
     reply: Reply | None = None
     for event in events:
         if isinstance(event, Reply):
@@ -291,7 +295,7 @@ def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: bool) -> Rep
         elif isinstance(event, Shifted):
             click.echo(f"\nlocalfab: {event.describe()}", err=True)
         elif event.text and not as_json:
-            out.write(event.text)
+            out.write(shown(event.text))
             out.flush()
     assert reply is not None
     return reply

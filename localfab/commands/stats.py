@@ -9,6 +9,13 @@ from typing import Any
 import click
 
 from localfab.errors import LocalfabError
+from localfab.textsafe import visible_controls
+
+
+def _echo(text: str) -> None:
+    """Print a line of the report: a damaged ledger's text (a model name, a day) may hold
+    control characters, which are shown, never sent to the terminal."""
+    click.echo(visible_controls(text))
 
 
 @click.command("stats")
@@ -58,23 +65,23 @@ def stats(
             "energy_missing": [{"reason": r, "replies": n} for r, n in reasons],
             "skipped": skipped,
         }
-        click.echo(json.dumps(data, indent=2))
+        _echo(json.dumps(data, indent=2))
         return
-    click.echo(f"Ledger: {ledger.path} ({len(rows)} replies)")
+    _echo(f"Ledger: {ledger.path} ({len(rows)} replies)")
     if skipped:
-        click.echo(
+        _echo(
             f"  ! {skipped.get('skipped')} repl(ies) were not recorded; last reason: "
             f"{skipped.get('reason')}"
         )
     if not rows:
-        click.echo("No replies recorded yet" + (" for that selection." if since or model else "."))
+        _echo("No replies recorded yet" + (" for that selection." if since or model else "."))
         return
-    click.echo("")
-    click.echo(lr.render_report(summaries))
+    _echo("")
+    _echo(lr.render_report(summaries))
     if reasons:
-        click.echo("\nEnergy not measured")
+        _echo("\nEnergy not measured")
         for reason, n in reasons:
-            click.echo(f"  - {n} repl{'y' if n == 1 else 'ies'}: {reason}")
+            _echo(f"  - {n} repl{'y' if n == 1 else 'ies'}: {reason}")
 
 
 def _compare(rows: list[dict[str, Any]], names: tuple[str, str], *, as_json: bool) -> None:
@@ -89,6 +96,6 @@ def _compare(rows: list[dict[str, Any]], names: tuple[str, str], *, as_json: boo
             "b": {"name": name_b} | b.to_dict(),
             "changes": lr.compare(a, b),
         }
-        click.echo(json.dumps(data, indent=2))
+        _echo(json.dumps(data, indent=2))
         return
-    click.echo(lr.render_compare(name_a, name_b, a, b))
+    _echo(lr.render_compare(name_a, name_b, a, b))

@@ -12,6 +12,12 @@ loudly when the library changes under them.
   hidden), a new virtual size changes no scrollbar, so that second pass lays out what the first
   one just did: a streaming reply paid for two layouts per frame. Such widgets now take their
   virtual size without the request; widgets that can scroll keep it.
+- Text reaches the terminal with its control characters: Rich drops only BEL, BS, VT, FF and CR,
+  so an ESC or a C1 control (U+009B, CSI) in any drawn text (a chat title, a notice, a file name,
+  model output) writes an escape sequence of its own (the terminal's title, its clipboard, a
+  cleared screen). Every line the screen draws (`Strip.render`, the compositor's one way out) now
+  drops them from its text before styling it; they have no width, so no line changes length.
+  Message text shows them as visible stand-ins before this (localfab.textsafe).
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ import functools
 import inspect
 from typing import Any
 
+from rich.segment import Segment
 from textual._styles_cache import StylesCache
 from textual.geometry import Size
+from textual.strip import Strip
 from textual.widget import Widget
+
+from localfab.textsafe import has_controls, strip_controls
 
 
 def _is_instance_keyed_cache(method: object) -> bool:
@@ -76,6 +86,36 @@ def fix_relayout_after_layout() -> bool:
     return True
 
 
+def _render_without_controls(original: Any) -> Any:
+    def render(self: Strip, console: Any) -> str:
+        if self._render_cache is None:
+            segments = self._segments
+            if has_controls("".join([seg.text for seg in segments])):
+                self._segments = [
+                    Segment(strip_controls(text), style, control) if control is None else seg
+                    for seg in segments
+                    for text, style, control in (seg,)
+                ]
+        return str(original(self, console))
+
+    render.localfab_fix = True  # type: ignore[attr-defined]
+    render.original = original  # type: ignore[attr-defined]
+    return render
+
+
+def fix_controls_in_strips() -> bool:
+    """Lines drawn to the terminal carry no control character of their text. Returns whether it
+    changed anything (False once applied, or when Textual's `Strip.render` changed shape)."""
+    original = Strip.__dict__.get("render")
+    if original is None or getattr(original, "localfab_fix", False):
+        return False
+    if list(inspect.signature(original).parameters) != ["self", "console"]:
+        return False
+    Strip.render = _render_without_controls(original)  # type: ignore[method-assign]
+    return True
+
+
 def apply() -> None:
     fix_styles_cache()
     fix_relayout_after_layout()
+    fix_controls_in_strips()

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, ListItem, ListView
 
 from localfab.chat.history import SearchHit, split_hits
+from localfab.textsafe import visible_controls
 from localfab.tui.sessions import SessionStore
 
 RESULTS = 50
@@ -23,7 +24,10 @@ HIT_STYLE = "bold reverse"  # readable on every theme without a colour of its ow
 def snippet_content(snippet: str) -> Content:
     """A snippet with its matches styled, the rest as plain text (never markup)."""
     return Content.assemble(
-        *((text, HIT_STYLE) if hit else text for text, hit in split_hits(snippet))
+        *(
+            (visible_controls(text), HIT_STYLE) if hit else visible_controls(text)
+            for text, hit in split_hits(snippet)
+        )
     )
 
 
@@ -35,7 +39,7 @@ class HitItem(ListItem):
     def compose(self) -> ComposeResult:
         who = "You" if self.hit.role == "user" else self.hit.role.title()
         yield Label(
-            Content(f"{self.hit.title or '(untitled chat)'} · {who}"),
+            Content(visible_controls(f"{self.hit.title or '(untitled chat)'} · {who}")),
             classes="search-hit-title",
         )
         yield Label(snippet_content(self.hit.snippet), classes="search-hit-snippet")

@@ -19,6 +19,7 @@ from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
+from localfab.textsafe import visible_controls
 from localfab.tui.clipboard import code_blocks
 from localfab.tui.widgets.reply_markdown import ReplyMarkdown
 
@@ -150,7 +151,7 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         with Vertical(classes="body"):
-            yield ReplyMarkdown(self._initial, classes="segment")
+            yield ReplyMarkdown(visible_controls(self._initial), classes="segment")
         yield Label("", classes="reply-footer")
 
     @property
@@ -184,7 +185,9 @@ class MessageView(Vertical):
         self.text += text
         if self._stream_task is None:
             self.start_stream()
-        self._stream_pending.append(text)
+        # Drawn with control characters made visible: model or stored text never sends an
+        # escape sequence to the terminal (`text` keeps what was said, for copy and history).
+        self._stream_pending.append(visible_controls(text))
         self._stream_wake.set()
         await asyncio.sleep(0)  # let the stream task take it
 

@@ -19,6 +19,7 @@ from textual.widget import MountError
 from textual.widgets import Label, ListItem, ListView, Static
 
 from localfab.chat.history import StoredSession
+from localfab.textsafe import visible_controls
 
 
 def when(timestamp: float, now: float | None = None) -> str:
@@ -54,7 +55,7 @@ class SessionItem(ListItem):
         self._now = now
 
     def compose(self) -> ComposeResult:
-        title = self.session.title or "(empty chat)"
+        title = visible_controls(self.session.title or "(empty chat)")
         yield Label(title, classes="session-title", markup=False)
         yield Label(
             f"{self.session.model or '?'} · {when(self.session.updated, self._now)}",
