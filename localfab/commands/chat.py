@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 
 
 def last_used_model() -> str | None:
-    """The model used most recently, for `localfab` with no arguments."""
+    """The model used most recently, for `localfab` with no arguments; on a first start (no
+    model used yet) the built-in first-run model, when its package is installed."""
     from localfab.config import default_paths
+    from localfab.embedded import FIRST_RUN
     from localfab.store import Store
 
     try:
@@ -27,7 +29,7 @@ def last_used_model() -> str | None:
     except Exception:  # a damaged registry must not keep the app from opening
         return None
     if not entries:
-        return None
+        return FIRST_RUN.name if FIRST_RUN.available() else None
     return max(entries, key=lambda e: e.last_used or 0.0).name
 
 
@@ -158,7 +160,7 @@ def chat(
     ctx_size: int | None,
     theme: str | None,
 ) -> None:
-    """Chat with MODEL in the terminal app (a registered name, a .gguf path or gemma3:270m).
+    """Chat with MODEL in the terminal app (a registered name, a .gguf path or smollm2:135m).
 
     With --session ID the saved chat is resumed on its own model unless MODEL is given.
     """

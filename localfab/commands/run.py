@@ -24,15 +24,17 @@ if TYPE_CHECKING:
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
 
-def setup_logging(verbose: bool) -> None:
-    """Warnings from localfab on stderr; llama.cpp's own log only for errors (or with -v)."""
+def setup_logging(verbose: int) -> None:
+    """Warnings from localfab on stderr; llama.cpp's own log only for errors, with -v also its
+    warnings a user can act on, with -vv every line it logs."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("localfab: %(levelname)s: %(message)s"))
     root = logging.getLogger("localfab")
     root.handlers[:] = [h for h in root.handlers if isinstance(h, logging.NullHandler)]
     root.addHandler(handler)
     root.setLevel(logging.INFO if verbose else logging.WARNING)
-    logging.getLogger("localfab.llama_cpp").setLevel(logging.WARNING if verbose else logging.ERROR)
+    llama = logging.DEBUG if verbose >= 2 else logging.WARNING if verbose else logging.ERROR
+    logging.getLogger("localfab.llama_cpp").setLevel(llama)
 
 
 def read_prompt(words: tuple[str, ...]) -> str:
@@ -92,7 +94,11 @@ def read_prompt(words: tuple[str, ...]) -> str:
     help="Print one JSON object (text, finish_reason, usage, timings) instead of streaming.",
 )
 @click.option(
-    "--verbose", "-v", is_flag=True, help="Timings (TTFT, prompt and decode tok/s) on stderr."
+    "--verbose",
+    "-v",
+    count=True,
+    help="Timings (TTFT, prompt and decode tok/s) and llama.cpp's warnings on stderr; -vv: "
+    "every line of llama.cpp's log.",
 )
 @click.option(
     "--no-ledger",
@@ -121,7 +127,7 @@ def run(
     max_continues: int | None,
     raw: bool,
     as_json: bool,
-    verbose: bool,
+    verbose: int,
     no_ledger: bool,
     spec_flags: dict[str, Any],
 ) -> None:
@@ -274,7 +280,7 @@ def run(
     loaded.close()
 
 
-def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: bool) -> Reply:
+def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: int) -> Reply:
     """Print the reply as it streams (unless JSON is asked for); return the finished reply."""
     from localfab.chat.session import Continued, Reply, Shifted
 

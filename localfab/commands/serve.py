@@ -131,7 +131,12 @@ def is_loopback(host: str) -> bool:
     help="Do not record replies in the usage ledger (see localfab stats). Request text is "
     "never recorded either way.",
 )
-@click.option("--verbose", "-v", is_flag=True, help="Log llama.cpp and request details.")
+@click.option(
+    "--verbose",
+    "-v",
+    count=True,
+    help="Log requests and llama.cpp's warnings; -vv: every line of llama.cpp's log.",
+)
 @spec_options
 def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
     """Serve MODEL over HTTP with llama-server's API (OpenAI-compatible and native endpoints).

@@ -59,6 +59,19 @@ _LOG_LEVELS = {
 _LOG_CONT = 5
 _log_level = logging.DEBUG
 llama_log = logging.getLogger("localfab.llama_cpp")
+# Warnings no user can act on, logged at DEBUG (seen with -vv): llama.cpp fixing a token's type
+# in the vocabulary (a note to the model's author), notes on its own choices that point to a
+# pull request, and the like. An error always keeps its level and its full text.
+_NOT_ACTIONABLE = re.compile(
+    r"control-looking token|was not control-type|using full-size SWA cache|\(ref: https?://"
+)
+
+
+def shown_level(level: int, line: str) -> int:
+    """The logging level one llama.cpp line is logged at (`level`: what llama.cpp gave it)."""
+    if level < logging.ERROR and _NOT_ACTIONABLE.search(line):
+        return logging.DEBUG
+    return level
 
 
 def _log_line(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
@@ -85,7 +98,7 @@ def _keep_log_line(level: int, text: bytes) -> None:
             if len(_log_lines) > 20000:  # one load logs ~1,500 lines; keep many loads' worth
                 del _log_lines[:10000]
                 _log_dropped += 10000
-            llama_log.log(_log_level, "%s", line)
+            llama_log.log(shown_level(_log_level, line), "%s", line)
 
 
 # The ctypes callback object must live as long as llama.cpp may call it: the whole process.

