@@ -7,6 +7,7 @@ code their type carries; nothing below this layer prints tracebacks for them.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 import click
@@ -82,6 +83,8 @@ def cli(ctx: click.Context) -> None:
 
     With no command on a terminal, opens the chat app on the last used model.
     """
+    # The hub library's retry lines stay behind -v (commands that take it lower this).
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     if ctx.invoked_subcommand is not None:
         return
     if not (sys.stdin.isatty() and sys.stdout.isatty()):

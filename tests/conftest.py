@@ -103,3 +103,12 @@ def history(tmp_path: Path) -> Iterator[object]:
     h = History(tmp_path / "sessions.sqlite3")
     yield h
     h.close()
+
+
+@pytest.fixture(autouse=True)
+def _hub_reach_forgotten() -> None:
+    """Each test asks afresh whether a hub is reachable: a fake hub of an earlier test may have
+    had the same port."""
+    from localfab.hub import reach
+
+    reach.forget()

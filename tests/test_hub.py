@@ -198,14 +198,39 @@ def test_missing_file_lists_the_q4_k_m_files_that_exist(
         hub().pull(f"{REPO}:Q2_K", store=store)
 
 
-def test_network_failure_says_retry(
+def test_an_unreachable_hub_fails_at_once_without_the_librarys_retries(
     env: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import huggingface_hub.utils._http as http
 
-    monkeypatch.setattr(http.time, "sleep", lambda s: None)  # skip the library's backoff waits
+    from localfab.hub import reach
+
+    waits: list[float] = []
+    monkeypatch.setattr(http.time, "sleep", waits.append)  # the library's backoff waits
     with FakeHub() as dead:
         url = dead.url  # a port nobody listens on once stopped
+    reach.forget()
+    with pytest.raises(HubError, match=r"cannot reach .*no connection to 127.0.0.1.*looks offline"):
+        Hub(HubConfig.from_env(endpoint=url)).pull(f"{REPO}/{FILE}", store=store)
+    with pytest.raises(HubError, match=r"the name hub\.invalid does not resolve.*looks offline"):
+        Hub(HubConfig.from_env(endpoint="http://hub.invalid")).list_files(REPO)
+    assert waits == []  # no request was sent, so nothing was retried
+
+
+def test_a_network_failure_past_the_first_look_says_retry(
+    env: Path, store: Store, fake: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub answered the first look, then the connection failed: the library retried, and
+    the error says to run the command again."""
+    import huggingface_hub.utils._http as http
+
+    from localfab.hub import reach
+
+    monkeypatch.setattr(http.time, "sleep", lambda s: None)  # skip the library's backoff waits
+    reach.forget()
+    url = fake.url
+    reach.check_reachable(url)  # reachable: kept for a minute
+    fake.stop()
     with pytest.raises(HubError, match=r"network failure.*run the same command again"):
         Hub(HubConfig.from_env(endpoint=url)).pull(f"{REPO}/{FILE}", store=store)
 

@@ -35,6 +35,9 @@ def setup_logging(verbose: int) -> None:
     root.setLevel(logging.INFO if verbose else logging.WARNING)
     llama = logging.DEBUG if verbose >= 2 else logging.WARNING if verbose else logging.ERROR
     logging.getLogger("localfab.llama_cpp").setLevel(llama)
+    # The hub library's retry lines ("Retrying in 8s [Retry 5/5]") only with -v: the error that
+    # ends the command says what went wrong.
+    logging.getLogger("huggingface_hub").setLevel(logging.WARNING if verbose else logging.ERROR)
 
 
 def read_prompt(words: tuple[str, ...]) -> str:

@@ -15,6 +15,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from localfab.catalog import Catalog, CatalogEntry, check_repo_id, is_repo_id, load_catalog
 from localfab.errors import HubError, LocalfabError, UsageError
+from localfab.hub.reach import check_reachable
 from localfab.store import quant_from_name, safe_file_name
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -76,12 +77,14 @@ class HubConfig:
         return f"{self.endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(file)}"
 
     def check_online(self, what: str) -> None:
-        """Raise `HubError` if offline mode (HF_HUB_OFFLINE) forbids reaching the hub."""
+        """Raise `HubError` if offline mode (HF_HUB_OFFLINE) forbids reaching the hub, or if the
+        endpoint cannot be reached at all (in about 2 s, not after the library's retries)."""
         if self.offline:
             raise HubError(
                 f"offline mode is on (HF_HUB_OFFLINE): cannot reach the hub for {what}; unset "
                 f"HF_HUB_OFFLINE to download; models already on this machine still work"
             )
+        check_reachable(self.endpoint)
 
 
 def same_origin(url: str, other: str) -> bool:

@@ -1,0 +1,76 @@
+"""An offline machine fails fast: `pull`, `plan OWNER/REPO` and the models screen say the hub is
+unreachable in one line, without the hub library's retries (about 24 s and its retry lines
+before)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Static
+
+from localfab.catalog import load_catalog
+from localfab.chat.history import History
+from localfab.config import default_paths
+from localfab.tui.app import make_app
+from localfab.tui.models import LocalModels
+from localfab.tui.screens.models import ModelsScreen
+from tests.conftest import LOCALFAB
+from tests.hf_server import FakeHub
+from tests.tui_support import wait_for
+
+
+def closed_port() -> str:
+    with FakeHub() as dead:
+        url = dead.url
+    return url  # nobody listens there once it stopped
+
+
+OFFLINE = {"closed port": closed_port, "unresolvable name": lambda: "http://hub.invalid"}
+
+
+@pytest.mark.slow  # two runs of the console script per endpoint
+@pytest.mark.parametrize("endpoint", list(OFFLINE), ids=list(OFFLINE))
+def test_pull_and_plan_say_offline_in_one_line(endpoint: str, lf_env: dict[str, str]) -> None:
+    env = dict(lf_env, HF_ENDPOINT=OFFLINE[endpoint]())
+    for args in (["pull", "qwen2.5:0.5b"], ["plan", "bartowski/Qwen2.5-7B-Instruct-GGUF"]):
+        proc = subprocess.run(
+            [str(LOCALFAB), *args], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert proc.returncode == 5, proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "looks offline" in lines[0], proc.stderr
+        assert "Retry" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.anyio
+async def test_the_models_screen_says_offline_without_waiting_for_retries(
+    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.utils._http as http
+
+    waits: list[float] = []
+    monkeypatch.setattr(http.time, "sleep", waits.append)  # the library's backoff waits
+    monkeypatch.setenv("HF_ENDPOINT", closed_port())
+    entries = list(load_catalog())
+    history = History(tmp_path / "sessions.sqlite3")
+    app = make_app(backend=None, history=history, models=LocalModels(default_paths()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
+        screen = app.screen
+        assert isinstance(screen, ModelsScreen)
+        await pilot.press("c")
+        table = screen.query_one("#catalog-table", DataTable)
+        await wait_for(pilot, lambda: table.row_count == len(entries))
+
+        def fit(name: str) -> str:
+            return str(table.get_cell(name, "fit"))
+
+        await wait_for(pilot, lambda: all(fit(e.name) == "can't check" for e in entries))
+        table.focus()
+        table.move_cursor(row=0)
+        await pilot.pause()
+        assert "looks offline" in str(screen.query_one("#catalog-detail", Static).render())
+    history.close()
+    assert waits == []  # no request reached the library's retries
