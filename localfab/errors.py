@@ -60,6 +60,11 @@ class HubError(LocalfabError):
     exit_code = EXIT_NETWORK
 
 
+class HubUnreachable(HubError):
+    """The hub cannot be reached at all (no route, no name resolution, a mirror that is down):
+    what needs no network (local models, the catalog's facts) still works."""
+
+
 class ModelCorrupt(ModelError):
     """A GGUF header that parses but holds wrongly typed or impossible values."""
 

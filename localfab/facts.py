@@ -205,9 +205,11 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
     data_offset = -(-cur.pos // alignment) * alignment
     infos = tensor_infos(cur, label, tensors, alignment, data_offset)
     try:
-        return _facts(meta, infos, label=label, cur=cur, version=version, data_offset=data_offset)
+        return facts_from_parts(
+            meta, infos, label=label, file_size=cur.total, version=version, data_offset=data_offset
+        )
     except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
-        # The checks in _facts name the key at fault; this is the net under them.
+        # The checks in facts_from_parts name the key at fault; this is the net under them.
         raise ModelCorrupt(
             f"model file {label} is corrupt: {exc}; download it again or get it from its source"
         ) from exc
@@ -241,15 +243,16 @@ def _tensor_bytes(infos: list[TensorInfo], n_layer: int) -> _TensorBytes:
     return _TensorBytes(tuple(layer_bytes), token_embd, output, output_norm, other)
 
 
-def _facts(
+def facts_from_parts(
     meta: dict[str, Any],
     infos: list[TensorInfo],
     *,
     label: str,
-    cur: Cursor,
+    file_size: int | None,
     version: int,
     data_offset: int,
 ) -> ModelFacts:
+    """`ModelFacts` from a header's metadata and tensor infos (read, or kept in a summary)."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{label}: the GGUF header has no general.architecture: not a model file")
@@ -296,7 +299,7 @@ def _facts(
         other_bytes=sizes.other,
         total_tensor_bytes=sum(t.nbytes for t in infos),
         tensor_data_offset=data_offset,
-        file_size=cur.total,
+        file_size=file_size,
         gguf_version=version,
         tensors=tuple(infos),
         metadata={k: v for k, v in meta.items() if not isinstance(v, BigArray)},

@@ -15,6 +15,7 @@ from localfab.errors import LocalfabError
 
 CATALOG_PACKAGE = "localfab._catalog"
 CATALOG_FILE = "catalog.toml"
+CATALOG_FACTS_FILE = "catalog_facts.json"
 THEMES_PACKAGE = "localfab._themes"
 
 _REINSTALL = "reinstall localfab (`pip install .`, or `pip install -e .` in a source checkout)"
@@ -50,6 +51,16 @@ def catalog_text() -> str:
         raise PackageDataError(
             f"the model catalog {file} cannot be read ({exc}): {_REINSTALL}"
         ) from exc
+
+
+def catalog_facts_text() -> str | None:
+    """The catalog's header facts (`models/catalog_facts.json`), or None when not installed:
+    fits before download then need the network, as before."""
+    try:
+        file = _package(CATALOG_PACKAGE) / CATALOG_FACTS_FILE
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+    except (PackageDataError, OSError):
+        return None
 
 
 def builtin_theme_files() -> list[Traversable]:

@@ -1,6 +1,6 @@
 """An offline machine fails fast: `pull`, `plan OWNER/REPO` and the models screen say the hub is
 unreachable in one line, without the hub library's retries (about 24 s and its retry lines
-before)."""
+before); `plan NAME` and the models screen give a catalog model's fit from the catalog's facts."""
 
 from __future__ import annotations
 
@@ -44,6 +44,22 @@ def test_pull_and_plan_say_offline_in_one_line(endpoint: str, lf_env: dict[str, 
         assert "Retry" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a run of the console script per endpoint
+@pytest.mark.parametrize("endpoint", list(OFFLINE), ids=list(OFFLINE))
+def test_plan_of_a_catalog_model_offline_gives_the_catalogs_fit(
+    endpoint: str, lf_env: dict[str, str]
+) -> None:
+    env = dict(lf_env, HF_ENDPOINT=OFFLINE[endpoint]())
+    proc = subprocess.run(
+        [str(LOCALFAB), "plan", "qwen2.5:7b"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Plan for" in proc.stdout and "GPU layers" in proc.stdout
+    assert "offline" in proc.stdout and "planned from the catalog's facts of qwen2.5:7b" in (
+        " ".join(proc.stdout.split())
+    )
+
+
 @pytest.mark.anyio
 async def test_the_models_screen_says_offline_without_waiting_for_retries(
     env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -67,10 +83,13 @@ async def test_the_models_screen_says_offline_without_waiting_for_retries(
         def fit(name: str) -> str:
             return str(table.get_cell(name, "fit"))
 
-        await wait_for(pilot, lambda: all(fit(e.name) == "can't check" for e in entries))
+        # Every catalog model has shipped facts: its fit is estimated at once, marked.
+        await wait_for(pilot, lambda: all(fit(e.name).startswith("≈") for e in entries))
+        assert any("GPU" in fit(e.name) or "CPU" in fit(e.name) for e in entries)
         table.focus()
         table.move_cursor(row=0)
         await pilot.pause()
-        assert "looks offline" in str(screen.query_one("#catalog-detail", Static).render())
+        detail = str(screen.query_one("#catalog-detail", Static).render())
+        assert "cannot be reached" in detail and "estimated from the catalog's facts" in detail
     history.close()
     assert waits == []  # no request reached the library's retries

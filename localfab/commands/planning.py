@@ -20,6 +20,7 @@ from localfab.runtime import probe_this_machine
 from localfab.units import KV_CACHE_TYPES, MiB, format_bytes
 
 if TYPE_CHECKING:
+    from localfab.facts import ModelFacts
     from localfab.hardware import Machine
     from localfab.plan import Plan, Wishes
 
@@ -185,27 +186,56 @@ def plan(
 
     machine = _machine(profile, vram, ram)
     fetched: int | None = None
+    estimate: str | None = None
     try:
         facts = read_facts(_resolve(model))
     except ModelNotFound:
-        # Not on disk: fit before download, reading only the header of the file on the hub.
-        from localfab.hub import open_remote
-
-        remote = open_remote(model)
-        facts = read_facts(remote.sources[0])
-        fetched = remote.bytes_fetched
+        # Not on disk: fit before download, reading only the header of the file on the hub
+        # (offline, a catalog model's shipped facts).
+        facts, fetched, estimate = _remote_facts(model)
     result = make_plan(facts, machine, _wishes(**options))
     if as_json:
         data = result.to_dict()
         data["machine"] = machine.to_dict()
         if fetched is not None:
             data["header_bytes_fetched"] = fetched
+        if estimate is not None:
+            data["facts_from"] = estimate
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(render_plan(result, machine))
         if fetched is not None:
             read = format_bytes(fetched, precise=True)
             click.echo(f"\n(planned before download: read {read} of the header)")
+        if estimate is not None:
+            click.echo(f"\n({estimate})")
+
+
+def _remote_facts(model: str) -> tuple[ModelFacts, int | None, str | None]:
+    """The facts of a model not on disk: its header read on the hub, or (offline) a catalog
+    model's shipped facts; with how many header bytes were read, or where the facts came from."""
+    from localfab.catalog import load_catalog
+    from localfab.errors import HubUnreachable
+    from localfab.facts import read_facts
+    from localfab.facts_summary import catalog_facts
+    from localfab.hub import open_remote
+
+    try:
+        remote = open_remote(model)
+    except HubUnreachable as exc:
+        entry = load_catalog().get(model)
+        shipped = catalog_facts(entry.name) if entry is not None else None
+        if entry is None or shipped is None:
+            raise
+        facts, source = shipped
+        origin = "its file's header" if source == "header" else "its published architecture"
+        reason = str(exc).split(". This machine")[0]
+        note = (
+            f"offline, {reason}: planned from the catalog's facts of {entry.name}, taken from "
+            f"{origin}; online, the file's own header is read instead"
+        )
+        return facts, None, note
+    return read_facts(remote.sources[0]), remote.bytes_fetched, None
 
 
 @click.command("doctor")

@@ -17,7 +17,7 @@ import time
 import urllib.request
 from urllib.parse import urlsplit
 
-from localfab.errors import HubError
+from localfab.errors import HubUnreachable
 
 RESOLVE_S = 1.0  # name resolution, at most
 CONNECT_S = 0.8  # a TCP connection, at most
@@ -29,10 +29,10 @@ _answers: dict[str, tuple[float, str | None]] = {}
 
 
 def check_reachable(endpoint: str) -> None:
-    """Raise `HubError` (in about 2 s at most) if `endpoint` cannot be reached."""
+    """Raise `HubUnreachable` (in about 2 s at most) if `endpoint` cannot be reached."""
     why = unreachable(endpoint)
     if why is not None:
-        raise HubError(
+        raise HubUnreachable(
             f"cannot reach {endpoint}: {why}. This machine looks offline (or the mirror in "
             f"HF_ENDPOINT is down): models already on this machine still work (`localfab "
             f"list`, run, chat, serve, plan); try again once connected"

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from localfab.hub import DownloadProgress
     from localfab.store import Store
 
+# A catalog fit judged offline from the catalog's shipped facts, not the file's header.
+ESTIMATE = "≈"
+
 
 @dataclass(frozen=True)
 class ModelRow:
@@ -160,7 +163,9 @@ class LocalModels:
         if cached is not None:
             return cached
         from localfab.commands.models import summarise_plan
+        from localfab.errors import HubUnreachable
         from localfab.facts import read_facts
+        from localfab.facts_summary import catalog_facts
         from localfab.hub import open_remote
         from localfab.plan import Wishes, plan
 
@@ -171,7 +176,15 @@ class LocalModels:
                 "this machine's memory could not be probed, so no fit can be judged: "
                 "`localfab plan MODEL` says why"
             )
-        remote = open_remote(row.name)
+        try:
+            remote = open_remote(row.name)
+        except HubUnreachable:
+            shipped = catalog_facts(row.name)
+            if shipped is None:
+                raise
+            # Offline: the catalog's facts give the fit at once, marked as an estimate and not
+            # kept, so that a check once connected reads the file's own header.
+            return ESTIMATE + summarise_plan(plan(shipped[0], machine, Wishes()))
         verdict = summarise_plan(plan(read_facts(remote.sources[0]), machine, Wishes()))
         self._remote_fits[row.name] = verdict
         return verdict

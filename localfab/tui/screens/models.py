@@ -23,7 +23,7 @@ from textual.worker import get_current_worker
 
 from localfab.errors import LocalfabError
 from localfab.tui.downloads import PullJob
-from localfab.tui.models import CatalogRow, ModelActions, ModelRow, ModelSource
+from localfab.tui.models import ESTIMATE, CatalogRow, ModelActions, ModelRow, ModelSource
 from localfab.tui.widgets.confirm import ConfirmDialog
 from localfab.tui.widgets.pulls import PullsPanel
 from localfab.units import format_bytes
@@ -208,7 +208,12 @@ class ModelsScreen(Screen[None]):
         """Read both lists again, and check again the fits that could not be checked."""
         self._refresh_lists()
         if self.actions is not None and self._fits_started:
-            retry = [r for r in self.catalog_rows if r.name in self.catalog_errors]
+            retry = [
+                r
+                for r in self.catalog_rows
+                if r.name in self.catalog_errors
+                or self.catalog_fits.get(r.name, "").startswith(ESTIMATE)
+            ]
             for row in retry:
                 self._set_catalog_cell(row.name, "fit", CHECKING)
             if retry:
@@ -382,7 +387,13 @@ class ModelsScreen(Screen[None]):
             self._detail(f"{row.name}: {job.message}", error=True)
             return
         here = f" · here as {row.local} (Enter chats)" if row.local else " · Enter downloads it"
-        self._detail(f"{row.title} · {row.repo} · {row.license}{here}\n{row.note}")
+        text = f"{row.title} · {row.repo} · {row.license}{here}\n{row.note}"
+        if self.catalog_fits.get(row.name, "").startswith(ESTIMATE):
+            text += (
+                f"\n{ESTIMATE} the hub cannot be reached: the fit is estimated from the catalog's "
+                "facts of this model; Ctrl+R checks the file's own header once connected"
+            )
+        self._detail(text)
 
     def _detail(self, text: str, *, error: bool = False) -> None:
         detail = self.query_one("#catalog-detail", Static)
