@@ -30,6 +30,7 @@ from localfab.ledger_db import (
     SCHEMA_VERSION,
     Ledger,
     LedgerWriter,
+    clean_rows,
     describe_fault,
     ledger_path,
     ledger_status,
@@ -69,6 +70,7 @@ __all__ = [
     "percentile",
     "record_generation",
     "rows_to_dicts",
+    "clean_rows",
     "sha256_file",
     "timing_fields",
 ]

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import queue
 import sqlite3
 import threading
@@ -252,14 +253,73 @@ class LedgerWriter:
         self._thread.join()
 
 
-def rows_to_dicts(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+# Numeric columns: the ones every reply has, and the measurements a reply may lack (NULL).
+_REQUIRED_NUMBERS = ("at", "prompt_tokens", "cached_tokens", "generated_tokens")
+_OPTIONAL_NUMBERS = (
+    "n_gpu_layers",
+    "n_ctx",
+    "threads",
+    "model_size",
+    "depth",
+    "ttft_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "decode_tok_s",
+    "energy_j",
+    "tokens_per_j",
+)
+
+
+def _number(value: Any) -> float | int | None:
+    """A column's value as a finite number, or None (text in a hand-edited file, NaN, inf)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def clean_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Rows as dicts with their numbers checked, and how many were left out.
+
+    SQLite keeps whatever a hand-edited or damaged file puts in a column. A measurement that is
+    not a finite number counts as not measured (as NULL does); a row whose token counts or
+    time are not numbers is left out and counted."""
     out = []
+    damaged = 0
     for r in rows:
         d = dict(r)
-        with contextlib.suppress(TypeError, ValueError):
-            d["peak_memory"] = json.loads(d.get("peak_memory") or "{}")
+        required = [_number(d.get(k)) for k in _REQUIRED_NUMBERS]
+        if any(v is None or v < 0 for v in required):
+            damaged += 1
+            continue
+        for key, value in zip(_REQUIRED_NUMBERS, required, strict=True):
+            d[key] = value if key == "at" else int(value or 0)
+        for key in _OPTIONAL_NUMBERS:
+            if key in d:
+                d[key] = _number(d[key])
+        memory: Any = {}
+        with contextlib.suppress(TypeError, ValueError, RecursionError):
+            memory = json.loads(d.get("peak_memory") or "{}")
+        if not isinstance(memory, dict):
+            memory = {}
+        d["peak_memory"] = {
+            str(k): int(v) for k, v in memory.items() if isinstance(_number(v), int | float)
+        }
+        for key in ("day", "model", "frontend", "label", "plan_key", "energy_source"):
+            if key in d and not isinstance(d[key], str):
+                d[key] = "" if d[key] is None else str(d[key])
         out.append(d)
-    return out
+    return out, damaged
+
+
+def rows_to_dicts(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as dicts with their numbers checked; damaged rows are left out (`clean_rows`)."""
+    return clean_rows(rows)[0]
 
 
 def ledger_status(ledger: Ledger) -> dict[str, Any]:

@@ -82,3 +82,24 @@ def test_stats_shows_a_damaged_ledgers_controls(lf_env: dict[str, str]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "␛]0;DAY␇" in proc.stdout and "q␛[2Jwen" in proc.stdout
     assert not has_controls(proc.stdout.replace("\n", ""))
+
+
+def test_stats_leaves_out_rows_whose_numbers_are_text(lf_env: dict[str, str]) -> None:
+    """A hand-edited ledger with text in numeric columns: the report, not a traceback."""
+    from tests.test_stats import lf, seeded
+
+    ledger = seeded(Path(lf_env["LOCALFAB_HOME"]))
+    db = sqlite3.connect(ledger.path)
+    with db:
+        db.execute("UPDATE generations SET generated_tokens = 'lots' WHERE model = 'qwen'")
+        db.execute("UPDATE generations SET decode_tok_s = 'fast' WHERE label = 'base-b'")
+        db.execute("UPDATE generations SET peak_memory = '[[[' WHERE label = 'base-a'")
+    db.close()
+    for args in (["stats"], ["stats", "--json"]):
+        proc = lf(args, lf_env)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "1 row(s) left out" in lf(["stats"], lf_env).stdout
+    data = json.loads(lf(["stats", "--json"], lf_env).stdout)
+    assert data["replies"] == 5 and data["damaged"] == 1
+    models = {s["key"] for s in data["models"]}
+    assert "gemma" in models and "qwen" not in models

@@ -9,6 +9,7 @@ version 1 (before versions existed: one linear list) still import, as one path.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,10 @@ IMPORT_ROLES = ("system", "user", "assistant")
 # The statuses a stored message can have; `generating` imports as `interrupted`.
 IMPORT_STATUSES = ("complete", "length", "interrupted")
 HEADINGS = {"user": "You", "assistant": "Assistant", "system": "System"}
+# Imported numbers are bounded: a time between 1970 and the year 3000 (else the import's own
+# time), and at most this many continuations.
+LATEST_TIME = 32_503_680_000.0
+MOST_CONTINUES = 10_000
 
 
 def _stored(history: History, session_id: int) -> StoredSession:
@@ -31,6 +36,14 @@ def _stored(history: History, session_id: int) -> StoredSession:
     if session is None:
         raise UsageError(f"there is no chat session {session_id}")
     return session
+
+
+def _when(timestamp: float) -> str:
+    """A stored time as a date, or "unknown" for one no calendar holds (an old import's 1e308)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+    except (OverflowError, OSError, ValueError):
+        return "unknown"
 
 
 def _heading(m: StoredMessage) -> str:
@@ -46,7 +59,7 @@ def export_markdown(history: History, session_id: int) -> str:
     """A session as Markdown: its title, model and system prompt, then its current path."""
     session = _stored(history, session_id)
     lines = [f"# {session.title or 'Chat'}", "", f"- Model: `{session.model}`"]
-    lines.append(f"- Started: {time.strftime('%Y-%m-%d %H:%M', time.localtime(session.created))}")
+    lines.append(f"- Started: {_when(session.created)}")
     if session.system:
         lines += ["", "## System", "", session.system]
     for m in history.messages(session_id):
@@ -95,6 +108,10 @@ def _header(text: str) -> tuple[int, dict[str, Any], list[Any]]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"not a localfab chat export: invalid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise UsageError("not a localfab chat export: its JSON is nested too deeply") from exc
+    except ValueError as exc:  # a number of thousands of digits, and the like
+        raise UsageError(f"not a localfab chat export: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise UsageError("not a localfab chat export: export a chat from localfab as JSON")
     version = data.get("version")
@@ -110,9 +127,28 @@ def _header(text: str) -> tuple[int, dict[str, Any], list[Any]]:
 
 
 def _time(value: object, default: float) -> float:
+    """A time from the export, if it is one a calendar holds (NaN, infinities, 1e308 and times
+    before 1970 are not): else `default`."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            return default
+        if math.isfinite(number) and 0 <= number <= LATEST_TIME:
+            return number
     return default
+
+
+def _text(value: str, where: str) -> str:
+    """`value`, which must be storable text: JSON allows a lone surrogate (\\ud800), UTF-8 not."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(
+            f"the chat export's {where} holds text that is not valid Unicode (a lone surrogate "
+            f"at character {exc.start}): it was damaged; export the chat again"
+        ) from exc
+    return value
 
 
 def _parent(m: dict[str, Any], i: int, version: int) -> int | None:
@@ -145,13 +181,15 @@ def _row(m: object, i: int, version: int, now: float) -> tuple[Any, ...]:
     if status not in IMPORT_STATUSES:
         status = "interrupted" if status == "generating" else "complete"
     continues = m.get("continues", 0)
+    if not isinstance(continues, int) or isinstance(continues, bool):
+        continues = 0
     created = _time(m.get("created"), now)
     return (
         _parent(m, i, version),
         m["role"],
-        m["content"],
+        _text(m["content"], f"message {i + 1}"),
         status,
-        continues if isinstance(continues, int) and not isinstance(continues, bool) else 0,
+        min(max(continues, 0), MOST_CONTINUES),
         created,
         _time(m.get("updated"), created),
     )
@@ -173,8 +211,8 @@ def import_json(history: History, text: str) -> int:
     now = time.time()
     rows = [_row(m, i, version, now) for i, m in enumerate(messages)]
 
-    def text_or_none(value: object) -> str | None:
-        return value if isinstance(value, str) else None
+    def text_or_none(value: object, where: str = "session") -> str | None:
+        return _text(value, where) if isinstance(value, str) else None
 
     model = text_or_none(session.get("model")) or "imported"
     created = _time(session.get("created"), now)
@@ -185,9 +223,9 @@ def import_json(history: History, text: str) -> int:
             (
                 created,
                 now,
-                model,
-                text_or_none(session.get("system")),
-                text_or_none(session.get("title")),
+                _text(model, "model name"),
+                text_or_none(session.get("system"), "system prompt"),
+                text_or_none(session.get("title"), "title"),
             ),
         )
         session_id = int(cur.lastrowid or 0)

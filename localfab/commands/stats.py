@@ -39,14 +39,14 @@ def stats(
     """
     from localfab import ledger_report as lr
     from localfab.config import default_paths
-    from localfab.ledger import Ledger, ledger_path, rows_to_dicts
+    from localfab.ledger import Ledger, clean_rows, ledger_path
 
     ledger = Ledger(ledger_path(default_paths().data_dir))
     start = lr.parse_since(since) if since else None
     if ledger.path.exists():
         ledger.fill_hashes()  # off the reply path: hashes are computed once and cached
     try:
-        rows = rows_to_dicts(ledger.rows(since=start, model=model))
+        rows, damaged = clean_rows(ledger.rows(since=start, model=model))
     except sqlite3.Error as exc:
         from localfab.ledger import describe_fault
 
@@ -64,10 +64,16 @@ def stats(
             **{k: [s.to_dict() for s in v] for k, v in summaries.items()},
             "energy_missing": [{"reason": r, "replies": n} for r, n in reasons],
             "skipped": skipped,
+            "damaged": damaged,
         }
         _echo(json.dumps(data, indent=2))
         return
     _echo(f"Ledger: {ledger.path} ({len(rows)} replies)")
+    if damaged:
+        _echo(
+            f"  ! {damaged} row(s) left out: their token counts or time are not numbers (a "
+            f"hand-edited or damaged ledger)"
+        )
     if skipped:
         _echo(
             f"  ! {skipped.get('skipped')} repl(ies) were not recorded; last reason: "

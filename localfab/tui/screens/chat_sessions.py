@@ -105,6 +105,9 @@ class SessionActions(ChatHost):
             except LocalfabError as exc:
                 self.notify(str(exc), title="Export", severity="error", timeout=8)
                 return
+            except Exception as exc:  # noqa: BLE001 - a damaged chat must not end the app
+                self.notify(_failed("export", exc), title="Export", severity="error", timeout=8)
+                return
             self.notify(f"Chat exported to {written}.", title="Export")
 
         default = str(Path.cwd() / f"localfab-chat-{target}.md")
@@ -124,6 +127,9 @@ class SessionActions(ChatHost):
             except LocalfabError as exc:
                 self.notify(str(exc), title="Import", severity="error", timeout=8)
                 return
+            except Exception as exc:  # noqa: BLE001 - a hostile file must not end the app
+                self.notify(_failed("import", exc), title="Import", severity="error", timeout=8)
+                return
             self.refresh_sessions()
             self.query_one(SessionsPanel).select(session_id)
             self.notify("Chat imported: Enter in the list opens it.", title="Import")
@@ -135,3 +141,10 @@ class SessionActions(ChatHost):
 
     def on_sessions_panel_import_requested(self) -> None:
         self.action_import_chat()
+
+
+def _failed(what: str, exc: Exception) -> str:
+    """The notice for an export or import that failed in a way nobody foresaw, and what went
+    wrong (an import is one transaction: a failed one stored nothing)."""
+    stored = "; nothing was stored" if what == "import" else ""
+    return f"The {what} failed{stored}: {type(exc).__name__}: {exc}"

@@ -1,0 +1,110 @@
+"""Hostile chat exports: every one is refused or clamped with a clear message, nothing is stored
+half-way, the app stays alive, and a chat imported with an impossible time exports again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localfab.chat.history import History
+from localfab.chat.transfer import LATEST_TIME, export_markdown, import_json
+from localfab.errors import UsageError
+from tests.test_tui_sessions import answer_dialog
+from tests.tui_support import build_app, loaded, wait_for
+
+
+def export(**message: Any) -> str:
+    """A valid export of one user message, with `message`'s fields replacing its own."""
+    data = {
+        "format": "localfab-chat",
+        "version": 2,
+        "session": {"title": "t", "model": "m", "created": 1_700_000_000.0, "current": 0},
+        "messages": [{"parent": None, "role": "user", "content": "hello"} | message],
+    }
+    return json.dumps(data)
+
+
+# Refused whole: a notice says why and nothing is stored.
+REFUSED = {
+    "lone surrogate": (export(content="a \ud800 b"), "not valid Unicode"),
+    "lone surrogate in the title": (
+        export().replace('"title": "t"', '"title": "\\ud800"'),
+        "not valid Unicode",
+    ),
+    "100k nested arrays": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "5,000-digit number": ('{"format": ' + "9" * 5000 + "}", "not a localfab chat export"),
+}
+# Stored, with the number clamped or replaced.
+CLAMPED = {
+    "continues 2**64": export(continues=2**64),
+    "created NaN": export(created=float("nan")),
+    "created 1e308": export(created=1e308),
+    "created Infinity": export(created=float("inf")),
+    "created before 1970": export(created=-5.0),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_hostile_export_is_refused_whole(case: str, history: History) -> None:
+    text, why = REFUSED[case]
+    with pytest.raises(UsageError, match=why):
+        import_json(history, text)
+    assert history.sessions() == []
+
+
+@pytest.mark.parametrize("case", list(CLAMPED))
+def test_out_of_range_numbers_are_clamped(case: str, history: History) -> None:
+    sid = import_json(history, CLAMPED[case])
+    (message,) = history.messages(sid)
+    assert message.continues <= 10_000
+    with history._lock:
+        created, updated = history._db.execute(
+            "SELECT created, updated FROM messages WHERE id = ?", (message.id,)
+        ).fetchone()
+    assert 0 <= created <= LATEST_TIME and 0 <= updated <= LATEST_TIME
+    assert export_markdown(history, sid).startswith("# t")
+
+
+def test_a_chat_stored_with_an_impossible_time_exports_as_markdown(history: History) -> None:
+    """Stored by an older import: the Markdown export says the time is unknown."""
+    sid = import_json(history, export())
+    with history._write() as db:
+        db.execute("UPDATE sessions SET created = 1e308 WHERE id = ?", (sid,))
+    assert "- Started: unknown" in export_markdown(history, sid)
+
+
+@pytest.mark.anyio
+async def test_the_app_imports_every_hostile_file_with_a_notice_and_stays_alive(
+    history: History, tmp_path: Path
+) -> None:
+    files = {**{k: v[0] for k, v in REFUSED.items()}, **CLAMPED}
+    app, _ = build_app(history)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await loaded(pilot, app)
+        for i, (case, text) in enumerate(files.items()):
+            path = tmp_path / f"hostile-{i}.json"
+            path.write_text(text, encoding="utf-8", errors="surrogatepass")
+            seen = len(app._notifications)
+            await app.run_action("screen.import_chat")
+            await answer_dialog(pilot, app, str(path))
+            await wait_for(pilot, lambda seen=seen: len(app._notifications) > seen)
+            note = str(list(app._notifications)[-1].message)
+            if case in REFUSED:
+                assert REFUSED[case][1] in note, (case, note)
+            else:
+                assert "Chat imported" in note, (case, note)
+        assert app.is_running
+        # Each clamped file is one chat; the refused ones stored nothing.
+        assert len(history.sessions()) == len(CLAMPED)
+        # ... and each exports as Markdown.
+        for session in history.sessions():
+            out = tmp_path / f"out-{session.id}.md"
+            seen = len(app._notifications)
+            await app.run_action(f"screen.export_chat({session.id})")
+            await answer_dialog(pilot, app, str(out))
+            await wait_for(pilot, lambda seen=seen: len(app._notifications) > seen)
+            assert out.read_text(encoding="utf-8").startswith("# t")
+        assert app.is_running
