@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.pilot import Pilot
 
 from localfab.chat.history import History
 from localfab.chat.transfer import LATEST_TIME, export_markdown, import_json
 from localfab.errors import UsageError
+from localfab.tui.app import LocalfabApp
 from tests.test_tui_sessions import answer_dialog
 from tests.tui_support import build_app, loaded, wait_for
 
@@ -76,6 +78,18 @@ def test_a_chat_stored_with_an_impossible_time_exports_as_markdown(history: Hist
     assert "- Started: unknown" in export_markdown(history, sid)
 
 
+async def new_notice(pilot: Pilot[None], app: LocalfabApp, seen: set[str]) -> str:
+    """The text of the first notification not in `seen` (earlier ones may have expired)."""
+    fresh: list[str] = []
+
+    def arrived() -> bool:
+        fresh[:] = [str(n.message) for n in app._notifications if n.identity not in seen]
+        return bool(fresh)
+
+    await wait_for(pilot, arrived)
+    return fresh[0]
+
+
 @pytest.mark.anyio
 async def test_the_app_imports_every_hostile_file_with_a_notice_and_stays_alive(
     history: History, tmp_path: Path
@@ -87,11 +101,10 @@ async def test_the_app_imports_every_hostile_file_with_a_notice_and_stays_alive(
         for i, (case, text) in enumerate(files.items()):
             path = tmp_path / f"hostile-{i}.json"
             path.write_text(text, encoding="utf-8", errors="surrogatepass")
-            seen = len(app._notifications)
+            seen = {n.identity for n in app._notifications}
             await app.run_action("screen.import_chat")
             await answer_dialog(pilot, app, str(path))
-            await wait_for(pilot, lambda seen=seen: len(app._notifications) > seen)
-            note = str(list(app._notifications)[-1].message)
+            note = await new_notice(pilot, app, seen)
             if case in REFUSED:
                 assert REFUSED[case][1] in note, (case, note)
             else:
@@ -102,9 +115,31 @@ async def test_the_app_imports_every_hostile_file_with_a_notice_and_stays_alive(
         # ... and each exports as Markdown.
         for session in history.sessions():
             out = tmp_path / f"out-{session.id}.md"
-            seen = len(app._notifications)
+            seen = {n.identity for n in app._notifications}
             await app.run_action(f"screen.export_chat({session.id})")
             await answer_dialog(pilot, app, str(out))
-            await wait_for(pilot, lambda seen=seen: len(app._notifications) > seen)
+            await new_notice(pilot, app, seen)
             assert out.read_text(encoding="utf-8").startswith("# t")
         assert app.is_running
+
+
+def test_a_crash_of_the_app_exits_non_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app crashes (here its mount raises): Textual prints the traceback and sets return
+    code 1, which the process now exits with (it exited 0)."""
+    from textual.app import App
+
+    from localfab.commands.chat import open_app
+    from localfab.tui.app import LocalfabApp
+
+    def crash(self: LocalfabApp) -> None:
+        raise RuntimeError("a crash inside the app")
+
+    def headless_run(self: LocalfabApp) -> None:
+        App.run(self, headless=True)
+
+    monkeypatch.setenv("LOCALFAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(LocalfabApp, "on_mount", crash)
+    monkeypatch.setattr(LocalfabApp, "run", headless_run)
+    with pytest.raises(SystemExit) as ended:
+        open_app(None)
+    assert ended.value.code == 1

@@ -110,3 +110,49 @@ async def test_a_broken_user_theme_is_a_notification_and_the_app_starts(tmp_path
         assert app.theme == "ocean"
         await wait_for(pilot, lambda: any("oops.toml" in n.message for n in app._notifications))
     history.close()
+
+
+HOSTILE_VARIABLES = {
+    "not a colour": '"footer-key-foreground" = "not a colour !!"',
+    "injected CSS": '"footer-key-foreground" = "red; } Screen { display: none"',
+    "balanced injection": '"x" = "red; } Screen { display: none; } Foo { color: red"',
+    "names itself": '"footer-key-foreground" = "$footer-key-foreground"',
+    "a colour for a text style": '"block-cursor-text-style" = "#FF0000"',
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_VARIABLES))
+def test_a_theme_variable_must_be_one_css_value(case: str) -> None:
+    text = f'name = "mine"\nprimary = "#FF0000"\n[variables]\n{HOSTILE_VARIABLES[case]}\n'
+    with pytest.raises(ThemeError, match="variable"):
+        parse_theme(text, "user theme mine.toml")
+
+
+def test_good_theme_variables_load() -> None:
+    text = (
+        'name = "mine"\nprimary = "#FF0000"\n[variables]\n"footer-key-foreground" = "#88C0D0"\n'
+        '"input-selection-background" = "#81a1c1 35%"\n"block-cursor-text-style" = "none"\n'
+    )
+    assert parse_theme(text, "user theme mine.toml").variables["block-cursor-text-style"] == "none"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", list(HOSTILE_VARIABLES))
+async def test_a_user_theme_named_like_the_default_with_bad_variables_is_not_used(
+    tmp_path: Path, case: str
+) -> None:
+    """It would replace localfab-dark, which the app starts on even with no `theme =`: it is
+    reported and the built-in one is used."""
+    themes_dir = tmp_path / "themes"
+    themes_dir.mkdir()
+    (themes_dir / "mine.toml").write_text(
+        f'name = "localfab-dark"\nprimary = "#FF0000"\n[variables]\n{HOSTILE_VARIABLES[case]}\n'
+    )
+    history = History(tmp_path / "s.db")
+    app, _ = build_app(history, themes_dir=themes_dir)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot, app)
+        assert app.theme == "localfab-dark" and app.current_theme.primary == "#4FB3BF"
+        await wait_for(pilot, lambda: any("mine.toml" in n.message for n in app._notifications))
+        assert app.is_running
+    history.close()

@@ -143,6 +143,14 @@ def open_app(
         if app.backend is not None:  # the model the user ended on
             app.backend.close()
         history.close()
+    exit_with(app.return_code)
+
+
+def exit_with(return_code: int | None) -> None:
+    """End the process with the app's return code when it is not 0: an app that crashed
+    (Textual printed the traceback and set 1) must not look like a clean quit to a shell."""
+    if return_code:
+        raise SystemExit(return_code)
 
 
 @click.command()

@@ -8,6 +8,7 @@ A file that cannot be read or does not validate is reported, never fatal.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -84,7 +85,35 @@ def parse_theme(text: str, source: str) -> Theme:
     theme = Theme(name=name, primary=colours.pop("primary"), dark=dark, variables=dict(variables))
     for key, value in colours.items():
         setattr(theme, key, value)
+    _check_variables(theme, source)
     return theme
+
+
+_VARIABLE_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
+
+
+def _check_variables(theme: Theme, source: str) -> None:
+    """Each variable must be one value that Textual's CSS reads where such a variable is used
+    (a colour, with an optional alpha; a text style for `*-style`). The app's stylesheet is
+    built with them, so a value that is not one (text, injected CSS such as `red; } Screen {
+    display: none`, a variable that names itself) failed the whole start-up."""
+    from textual.css.stylesheet import Stylesheet
+
+    variables = theme.variables
+    known = {**theme.to_color_system().generate(), **variables}
+    for name, value in variables.items():
+        if not _VARIABLE_NAME.fullmatch(name):
+            raise ThemeError(f"{source}: variable {name!r} is not a theme variable's name")
+        if any(c in value for c in ";{}\n\r") or len(value) > 100:
+            raise ThemeError(f"{source}: variable {name} = {value!r} is not one CSS value")
+        prop = "text-style" if name.endswith("style") else "color"
+        sheet = Stylesheet(variables=known)
+        sheet.add_source(f"Screen {{ {prop}: ${name}; }}", read_from=(source, name))
+        try:
+            sheet.parse()
+        except Exception as exc:  # noqa: BLE001 - Textual's CSS errors have no one base class
+            kind = "a text style" if prop == "text-style" else "a colour"
+            raise ThemeError(f"{source}: variable {name} = {value!r} is not {kind}") from exc
 
 
 def _theme_files(folder: Traversable | Path) -> list[Traversable | Path]:
