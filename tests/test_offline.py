@@ -8,16 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable, Static
 
 from localfab.catalog import load_catalog
-from localfab.chat.history import History
-from localfab.config import default_paths
-from localfab.tui.app import make_app
-from localfab.tui.models import LocalModels
-from localfab.tui.screens.models import ModelsScreen
 from tests.conftest import LOCALFAB
 from tests.hf_server import FakeHub
+from tests.test_tui_models_hub import build, catalog, cell, detail, select
 from tests.tui_support import wait_for
 
 
@@ -70,26 +65,18 @@ async def test_the_models_screen_says_offline_without_waiting_for_retries(
     monkeypatch.setattr(http.time, "sleep", waits.append)  # the library's backoff waits
     monkeypatch.setenv("HF_ENDPOINT", closed_port())
     entries = list(load_catalog())
-    history = History(tmp_path / "sessions.sqlite3")
-    app = make_app(backend=None, history=history, models=LocalModels(default_paths()))
+    app, history = build(tmp_path)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
-        screen = app.screen
-        assert isinstance(screen, ModelsScreen)
-        await pilot.press("c")
-        table = screen.query_one("#catalog-table", DataTable)
-        await wait_for(pilot, lambda: table.row_count == len(entries))
+        screen = await catalog(pilot, app)
 
         def fit(name: str) -> str:
-            return str(table.get_cell(name, "fit"))
+            return cell(screen, name, "fit")
 
         # Every catalog model has shipped facts: its fit is estimated at once, marked.
         await wait_for(pilot, lambda: all(fit(e.name).startswith("≈") for e in entries))
         assert any("GPU" in fit(e.name) or "CPU" in fit(e.name) for e in entries)
-        table.focus()
-        table.move_cursor(row=0)
-        await pilot.pause()
-        detail = str(screen.query_one("#catalog-detail", Static).render())
-        assert "cannot be reached" in detail and "estimated from the catalog's facts" in detail
+        await select(pilot, screen, entries[0].name)
+        assert "cannot be reached" in detail(screen)
+        assert "estimated from the catalog's facts" in detail(screen)
     history.close()
     assert waits == []  # no request reached the library's retries
