@@ -90,7 +90,9 @@ def _render_without_controls(original: Any) -> Any:
     def render(self: Strip, console: Any) -> str:
         if self._render_cache is None:
             segments = self._segments
-            if has_controls("".join([seg.text for seg in segments])):
+            text = "".join([seg.text for seg in segments])
+            # isprintable() is one quick pass; only text it flags is searched for controls.
+            if not text.isprintable() and has_controls(text):
                 self._segments = [
                     Segment(strip_controls(text), style, control) if control is None else seg
                     for seg in segments
