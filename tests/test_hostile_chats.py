@@ -46,11 +46,15 @@ CLAMPED = {
     "created 1e308": export(created=1e308),
     "created Infinity": export(created=float("inf")),
     "created before 1970": export(created=-5.0),
+    "session created 1e308": export().replace('"created": 1700000000.0', '"created": 1e308'),
+    "session created Infinity": export().replace('"created": 1700000000.0', '"created": Infinity'),
 }
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_a_hostile_export_is_refused_whole(case: str, history: History) -> None:
+    """Refused: text that is not Unicode, JSON too deep or a number too long for Python to read
+    is a `UsageError` that says why (they were UnicodeEncodeError, RecursionError, ValueError)."""
     text, why = REFUSED[case]
     with pytest.raises(UsageError, match=why):
         import_json(history, text)
@@ -59,7 +63,11 @@ def test_a_hostile_export_is_refused_whole(case: str, history: History) -> None:
 
 @pytest.mark.parametrize("case", list(CLAMPED))
 def test_out_of_range_numbers_are_clamped(case: str, history: History) -> None:
+    """Clamped: a time no calendar holds takes the import's time and continues is bounded (they
+    were OverflowError and IntegrityError, or a stored 1e308 that export could not show)."""
     sid = import_json(history, CLAMPED[case])
+    (session,) = history.sessions()
+    assert 0 <= session.created <= LATEST_TIME
     (message,) = history.messages(sid)
     assert message.continues <= 10_000
     with history._lock:
@@ -143,3 +151,53 @@ def test_a_crash_of_the_app_exits_non_zero(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(SystemExit) as ended:
         open_app(None)
     assert ended.value.code == 1
+
+
+@pytest.mark.anyio
+async def test_a_store_failure_during_an_import_is_a_notice_and_stores_nothing(
+    history: History, tmp_path: Path
+) -> None:
+    """The database refuses the second message (a trigger stands in for a full disk or a broken
+    file): the app says so, stays alive, and the import's one transaction stored nothing."""
+    data = json.loads(export())
+    data["messages"].append({"parent": 0, "role": "assistant", "content": "hi"})
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with history._lock:
+        history._db.execute(
+            "CREATE TEMP TRIGGER refuse BEFORE INSERT ON messages WHEN NEW.seq = 1 "
+            "BEGIN SELECT RAISE(ABORT, 'the disk said no'); END"
+        )
+    app, _ = build_app(history)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await loaded(pilot, app)
+        seen = {n.identity for n in app._notifications}
+        await app.run_action("screen.import_chat")
+        await answer_dialog(pilot, app, str(path))
+        note = await new_notice(pilot, app, seen)
+        assert "nothing was stored" in note and "the disk said no" in note
+        assert app.is_running
+    assert history.sessions() == []
+    with history._lock:
+        assert history._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+
+
+@pytest.mark.anyio
+async def test_the_app_exports_a_chat_stored_with_an_impossible_time(
+    history: History, tmp_path: Path
+) -> None:
+    """A chat an older import stored with `created` 1e308: Markdown says 'unknown' (the export
+    ended the app in time.localtime)."""
+    sid = import_json(history, export())
+    with history._write() as db:
+        db.execute("UPDATE sessions SET created = 1e308 WHERE id = ?", (sid,))
+    out = tmp_path / "out.md"
+    app, _ = build_app(history)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await loaded(pilot, app)
+        seen = {n.identity for n in app._notifications}
+        await app.run_action(f"screen.export_chat({sid})")
+        await answer_dialog(pilot, app, str(out))
+        assert "Chat exported" in await new_notice(pilot, app, seen)
+        assert app.is_running
+    assert "- Started: unknown" in out.read_text(encoding="utf-8")

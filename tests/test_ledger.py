@@ -227,3 +227,27 @@ def test_record_generation_hook(tmp_path: Path) -> None:
     # Something that is not a plan is skipped, not raised.
     assert record_generation(ledger, **common | {"plan": object()}) is None
     assert len(ledger.rows()) == 2
+
+
+def test_text_in_a_numeric_column_is_left_out_or_not_measured(tmp_path: Path) -> None:
+    """A hand-edited ledger: text where a token count or the time goes leaves the row out (and
+    is counted); text in a measurement counts as not measured, as NULL does. `stats` raised
+    `ValueError: invalid literal for int()` on such a file."""
+    from localfab import ledger_report as lr
+    from localfab.ledger import clean_rows
+
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    for name in ("tiny", "words", "slow", "when"):
+        assert ledger.record(row(model=name))
+    conn = sqlite3.connect(ledger.path)
+    with conn:
+        conn.execute("UPDATE generations SET generated_tokens = 'lots' WHERE model = 'words'")
+        conn.execute("UPDATE generations SET decode_tok_s = 'fast' WHERE model = 'slow'")
+        conn.execute("UPDATE generations SET at = 'yesterday' WHERE model = 'when'")
+    conn.close()
+    rows, damaged = clean_rows(ledger.rows())
+    assert damaged == 2
+    assert [(r["model"], r["decode_tok_s"]) for r in rows] == [("tiny", 40.0), ("slow", None)]
+    assert rows_to_dicts(ledger.rows()) == rows
+    report = lr.render_report(lr.report(rows))
+    assert "tiny" in report and "slow" in report and "words" not in report

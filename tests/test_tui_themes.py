@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from textual.color import Color
+from textual.theme import Theme
 
 from localfab.chat.history import History
 from localfab.tui.themes import ThemeError, builtin_theme_files, load_themes, parse_theme
@@ -118,6 +119,8 @@ HOSTILE_VARIABLES = {
     "balanced injection": '"x" = "red; } Screen { display: none; } Foo { color: red"',
     "names itself": '"footer-key-foreground" = "$footer-key-foreground"',
     "a colour for a text style": '"block-cursor-text-style" = "#FF0000"',
+    "names another variable": '"footer-key-foreground" = "$accent"',
+    "a text colour where a border goes": '"border" = "auto 50%"',
 }
 
 
@@ -134,6 +137,57 @@ def test_good_theme_variables_load() -> None:
         '"input-selection-background" = "#81a1c1 35%"\n"block-cursor-text-style" = "none"\n'
     )
     assert parse_theme(text, "user theme mine.toml").variables["block-cursor-text-style"] == "none"
+
+
+def every_textual_variable() -> dict[str, str]:
+    """Each of Textual's theme variables with its own default value."""
+    return Theme(name="x", primary="#FF0000").to_color_system().generate()
+
+
+def test_textuals_own_variables_with_their_own_values_load() -> None:
+    """Such as `auto 87%` for text and `bold not underline` for link-style-hover: none refused."""
+    lines = [f'"{k}" = "{v}"' for k, v in every_textual_variable().items()]
+    text = 'name = "mine"\nprimary = "#FF0000"\n[variables]\n' + "\n".join(lines) + "\n"
+    assert parse_theme(text, "user theme mine.toml").variables == every_textual_variable()
+
+
+@pytest.mark.anyio
+async def test_the_app_starts_on_a_user_theme_that_sets_every_variable(tmp_path: Path) -> None:
+    """What the check lets through, the app's stylesheet takes."""
+    themes_dir = tmp_path / "themes"
+    themes_dir.mkdir()
+    values = every_textual_variable() | {"border": "#81a1c1 35%", "link-style": "bold"}
+    lines = [f'"{k}" = "{v}"' for k, v in values.items()]
+    (themes_dir / "mine.toml").write_text(
+        'name = "mine"\nprimary = "#FF0000"\n[variables]\n' + "\n".join(lines) + "\n"
+    )
+    history = History(tmp_path / "s.db")
+    app, _ = build_app(history, themes_dir=themes_dir, theme="mine")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot, app)
+        assert app.theme == "mine" and app.is_running
+        assert not app.theme_problems
+    history.close()
+
+
+@pytest.mark.anyio
+async def test_a_chosen_user_theme_with_injected_css_is_reported_and_not_used(
+    tmp_path: Path,
+) -> None:
+    """`theme = "mine"` names a theme whose variable holds CSS: the app starts on the default."""
+    themes_dir = tmp_path / "themes"
+    themes_dir.mkdir()
+    (themes_dir / "mine.toml").write_text(
+        f'name = "mine"\nprimary = "#FF0000"\n[variables]\n{HOSTILE_VARIABLES["injected CSS"]}\n'
+    )
+    history = History(tmp_path / "s.db")
+    app, _ = build_app(history, themes_dir=themes_dir, theme="mine")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot, app)
+        assert app.theme == "localfab-dark" and app.is_running
+        await wait_for(pilot, lambda: any("mine.toml" in n.message for n in app._notifications))
+        assert any("'mine' is not installed" in n.message for n in app._notifications)
+    history.close()
 
 
 @pytest.mark.anyio

@@ -91,10 +91,11 @@ class LocalfabApp(App[None]):
         for t in loaded.themes:
             self.register_theme(t)
         wanted = theme or DEFAULT_DARK
+        if wanted not in self.available_themes and theme:
+            self.theme_problems += (f"theme {theme!r} is not installed: using {DEFAULT_DARK}",)
+            wanted = DEFAULT_DARK  # a missing or refused theme: the app's own, not Textual's
         if wanted in self.available_themes:
             self.theme = wanted
-        elif theme:
-            self.theme_problems += (f"theme {theme!r} is not installed",)
         self.key_problems: tuple[str, ...] = ()
         self.remapped_keys: frozenset[str] = frozenset()  # keys the user gave to actions
         if keymap:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
@@ -90,30 +90,53 @@ def parse_theme(text: str, source: str) -> Theme:
 
 
 _VARIABLE_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
+# Where Textual's CSS puts a theme variable: a colour variable goes in these properties, a
+# `*-style*` one in text-style.
+_COLOUR_USES = ("color: $v", "background: $v", "border: tall $v")
+_STYLE_USES = ("text-style: $v",)
+
+
+def _parses(declaration: str, variables: dict[str, str]) -> bool:
+    """Whether `declaration` (which names `$v`) is valid CSS with these variables."""
+    from textual.css.stylesheet import Stylesheet
+
+    sheet = Stylesheet(variables=variables)
+    sheet.add_source(f"Screen {{ {declaration}; }}")
+    try:
+        sheet.parse()
+    except Exception:  # noqa: BLE001 - Textual's CSS errors have no one base class
+        return False
+    return True
 
 
 def _check_variables(theme: Theme, source: str) -> None:
-    """Each variable must be one value that Textual's CSS reads where such a variable is used
-    (a colour, with an optional alpha; a text style for `*-style`). The app's stylesheet is
-    built with them, so a value that is not one (text, injected CSS such as `red; } Screen {
-    display: none`, a variable that names itself) failed the whole start-up."""
-    from textual.css.stylesheet import Stylesheet
-
-    variables = theme.variables
-    known = {**theme.to_color_system().generate(), **variables}
-    for name, value in variables.items():
+    """Each variable must be one value that Textual's CSS reads wherever such a variable is used:
+    a colour (with an optional alpha), or a text style for a `*-style*` one. The app's whole
+    stylesheet is built with them, so one bad value (text, injected CSS such as `red; } Screen {
+    display: none`, a variable that names itself) would stop the app from starting."""
+    # Textual's own variables, with their values before this theme's (which replace them).
+    defaults = replace(theme, variables={}).to_color_system().generate()
+    for name, value in theme.variables.items():
+        is_style = "style" in name.split("-")
+        example = "a text style such as bold or none" if is_style else "a colour such as #88C0D0"
         if not _VARIABLE_NAME.fullmatch(name):
-            raise ThemeError(f"{source}: variable {name!r} is not a theme variable's name")
+            raise ThemeError(
+                f"{source}: variable {name!r} is not a theme variable's name (lower-case letters, "
+                "digits and '-')"
+            )
         if any(c in value for c in ";{}\n\r") or len(value) > 100:
-            raise ThemeError(f"{source}: variable {name} = {value!r} is not one CSS value")
-        prop = "text-style" if name.endswith("style") else "color"
-        sheet = Stylesheet(variables=known)
-        sheet.add_source(f"Screen {{ {prop}: ${name}; }}", read_from=(source, name))
-        try:
-            sheet.parse()
-        except Exception as exc:  # noqa: BLE001 - Textual's CSS errors have no one base class
-            kind = "a text style" if prop == "text-style" else "a colour"
-            raise ThemeError(f"{source}: variable {name} = {value!r} is not {kind}") from exc
+            raise ThemeError(
+                f"{source}: variable {name} = {value!r} is not one value: give {example}"
+            )
+        if "$" in value:  # Textual reads a variable's value as is, never another variable
+            raise ThemeError(
+                f"{source}: variable {name} = {value!r} names a variable: give {example}"
+            )
+        uses: tuple[str, ...] = _STYLE_USES if is_style else _COLOUR_USES
+        if name in defaults:  # Textual's own: only where its default value goes ("auto 87%")
+            uses = tuple(u for u in uses if _parses(u, {"v": defaults[name]})) or uses
+        if not all(_parses(use, {"v": value}) for use in uses):
+            raise ThemeError(f"{source}: variable {name} = {value!r} is not {example}")
 
 
 def _theme_files(folder: Traversable | Path) -> list[Traversable | Path]:
