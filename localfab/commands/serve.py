@@ -115,7 +115,9 @@ def is_loopback(host: str) -> bool:
     "--max-connections",
     type=click.IntRange(min=1),
     default=256,
-    help="Open connections at most (also bounded by the open-file limit); more get 503.",
+    help="Open connections at most (also bounded by the open-file limit). At the limit a new "
+    "one replaces an idle one (no complete request head yet); if every one has a request in "
+    "progress, it gets 503.",
 )
 @click.option(
     "--allowed-origins",

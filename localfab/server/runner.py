@@ -2,8 +2,11 @@
 
 Connections go through `EdgeProtocol`, uvicorn's h11 protocol with two guards it lacks: a
 deadline for the request head (a client that sends half a head and waits would otherwise hold
-its connection forever: slowloris) and a cap on open connections, past which a new connection
-gets 503 at once instead of using up file descriptors.
+its connection forever: slowloris) and a cap on open connections, so that they cannot use up
+file descriptors. At the cap, a new connection takes the place of an idle one (no complete
+request head yet, or answered and only the rest of its body still coming), so that sockets
+trickling heads cannot keep out requests that arrive whole; only when every connection has a
+request in progress does a new one get 503 at once.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ _REFUSED_LINGERING_MAX = 16
 
 def _busy_response(max_connections: int) -> bytes:
     body = ApiError(
-        f"the server has {max_connections} connections open, the most it takes "
-        "(--max-connections); try again shortly",
+        f"the server has {max_connections} connections with requests in progress, the most "
+        "it takes (--max-connections); try again shortly",
         "unavailable_error",
     ).body()
     head = (
@@ -52,7 +55,16 @@ def _busy_response(max_connections: int) -> bytes:
 
 
 class EdgeProtocol(H11Protocol):
-    """h11 with a request-head deadline and a connection cap (class attributes, see `edge`)."""
+    """h11 with a deadline for idle connections and a connection cap (class attributes, see
+    `edge`).
+
+    A connection is idle while the server owes it nothing: before its request head is complete
+    (the first, or the next on a kept-alive connection), and after its answer while the rest of
+    the request body still comes. Idle connections are closed at the deadline and are the ones
+    given up at the cap: the oldest of the client address holding the most, so that one client
+    trickling heads loses its own sockets before anyone else's, and a head that arrives whole
+    right after its connection outlives the cap being filled again behind it.
+    """
 
     header_timeout: float = _DEFAULTS.header_timeout
     max_connections: int = _DEFAULTS.max_connections
@@ -60,13 +72,29 @@ class EdgeProtocol(H11Protocol):
     _head_timer: asyncio.TimerHandle | None = None
     _refused: bool = False
     _lingering: ClassVar[list[int]] = [0]  # refused connections still draining
+    # Idle connections by client address, each in the order they became idle (oldest first).
+    _idle: ClassVar[dict[str, dict[EdgeProtocol, None]]] = {}
+    _idle_key: str | None = None  # the address this connection is filed under in `_idle`
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.max_connections:
+        if len(self.connections) >= self.max_connections and not self._close_an_idle_one():
             self._refuse(transport)
             return
         super().connection_made(transport)
         self._arm_head_timer()
+        self._file_idle()
+
+    def _close_an_idle_one(self) -> bool:
+        """Close the oldest idle connection of the address holding the most; False if none is
+        idle (every connection has a request in progress)."""
+        if not self._idle:
+            return False
+        key = max(self._idle, key=lambda k: len(self._idle[k]))
+        victim = next(iter(self._idle[key]))
+        victim._unfile_idle()
+        log.info("closed an idle connection from %s to make room for a new one", key)
+        victim.transport.close()
+        return True
 
     def _refuse(self, transport: asyncio.Transport) -> None:
         """Answer 503 before reading anything, then drain what the client sends until it
@@ -74,7 +102,7 @@ class EdgeProtocol(H11Protocol):
         self._refused = True
         self.transport = transport
         transport.write(_busy_response(self.max_connections))
-        log.warning("refused a connection: %d open", len(self.connections))
+        log.warning("refused a connection: %d open, none idle", len(self.connections))
         if self._lingering[0] >= _REFUSED_LINGERING_MAX or not transport.can_write_eof():
             transport.close()
             return
@@ -86,11 +114,22 @@ class EdgeProtocol(H11Protocol):
         if self._refused:
             return
         super().data_received(data)
-        # Waiting for a head (the first, or the next on a kept-alive connection): time it.
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        # Idle (waiting for a head, or draining an answered request's body): keep the deadline
+        # already running, so trickled bytes never postpone it.
+        if self._is_idle():
             self._arm_head_timer()
         else:
             self._cancel_head_timer()
+        self._file_idle()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # Answered before the request body was all read (an error, or an endpoint that takes no
+        # body): the rest may come, but only until the deadline. uvicorn's keep-alive timer
+        # would not bound it: every byte received restarts that one.
+        if self._is_idle() and self.conn.their_state is not h11.IDLE:
+            self._arm_head_timer()
+        self._file_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
@@ -99,7 +138,33 @@ class EdgeProtocol(H11Protocol):
             self._cancel_head_timer()
             return
         self._cancel_head_timer()
+        self._unfile_idle()
         super().connection_lost(exc)
+
+    def _is_idle(self) -> bool:
+        """Whether the server owes this connection nothing: no request head yet, or the answer
+        sent and only the rest of the request body still coming."""
+        if self.transport.is_closing():
+            return False
+        theirs, ours = self.conn.their_state, self.conn.our_state
+        return theirs is h11.IDLE or (ours is h11.DONE and theirs is h11.SEND_BODY)
+
+    def _file_idle(self) -> None:
+        """Keep this connection's place in `_idle` in step with `_is_idle()`."""
+        if not self._is_idle():
+            self._unfile_idle()
+        elif self._idle_key is None:
+            self._idle_key = self.client[0] if self.client else ""
+            self._idle.setdefault(self._idle_key, {})[self] = None
+
+    def _unfile_idle(self) -> None:
+        if self._idle_key is None:
+            return
+        same = self._idle.get(self._idle_key, {})
+        same.pop(self, None)
+        if not same:
+            self._idle.pop(self._idle_key, None)
+        self._idle_key = None
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
@@ -112,10 +177,13 @@ class EdgeProtocol(H11Protocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._is_idle():
             log.info(
-                "closed a connection with no complete request head in %gs", self.header_timeout
+                "closed a connection with no complete request head (or an answered request's "
+                "body still coming) after %gs",
+                self.header_timeout,
             )
+            self._unfile_idle()
             self.transport.close()
 
 
@@ -130,6 +198,7 @@ def edge(*, header_timeout: float, max_connections: int) -> type[EdgeProtocol]:
             "header_timeout": header_timeout,
             "max_connections": max_connections,
             "_lingering": [0],
+            "_idle": {},
         },
     )
 

@@ -34,7 +34,7 @@ class ServerSettings:
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408
     header_timeout: float = 10.0  # --header-timeout: seconds to receive a request head
-    max_connections: int = 256  # --max-connections: more open connections get 503
+    max_connections: int = 256  # --max-connections: open at most; idle ones make room
     check_host: bool = True  # a loopback bind answers only loopback Host names
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins: besides loopback ones; "*": any
     verbose: bool = False  # --verbose: answers carry llama-server's `__verbose` field
