@@ -21,6 +21,10 @@ parent) and nothing is ever overwritten. A session's current path runs from the 
 leaf to the newest-chosen path below it, so a branch comes back as it was left. Databases of
 version 2 upgrade in place: each message's parent is the one before it, the leaf the last one.
 
+Searches read through connections of their own, never the shared one: in WAL mode a reader and
+the writer do not wait for each other, so a long search holds up neither the list of chats nor
+a reply being saved, and a search nobody wants any more can be stopped mid-query.
+
 The tables, row types and upgrade steps are in `history_schema`, search in `history_search`,
 deleting and restoring a session's rows in `history_trash`.
 Sessions also leave as Markdown or JSON (`export_markdown`, `export_json`), and that JSON comes
@@ -52,11 +56,16 @@ from localfab.chat.history_search import (
     FTS_TABLE,
     HIT_END,
     HIT_START,
+    MAX_QUERY_CHARS,
+    MAX_TERMS,
     SNIPPET_TOKENS,
+    SearchCancelled,
     SearchHit,
+    SearchTerms,
     like_snippet,
     search_fts,
     search_like,
+    search_terms,
     split_hits,
 )
 from localfab.chat.history_trash import (
@@ -92,6 +101,12 @@ STATUSES = ("complete", "generating", "length", "interrupted")
 # single small transactions, so any wait beyond a moment means a stuck process.
 BUSY_TIMEOUT_S = 30.0
 
+# A running search asks whether it is still wanted every this many SQLite VM steps: a few
+# milliseconds apart, so a superseded search stops at once, at no measurable cost.
+SEARCH_CHECK_STEPS = 1000
+# Idle search connections kept open for the next search (each search takes one to itself).
+SEARCH_CONNECTIONS_KEPT = 2
+
 
 class History:
     """One SQLite database of chat sessions, safe to share between processes and threads."""
@@ -101,11 +116,16 @@ class History:
         self.path = path
         # Resolved, so that processes naming the database by different paths share the locks.
         real = path.resolve()
+        self._real_path = real  # what searches open, wherever the working directory is by then
         self.locks_dir = real.with_name(real.name + ".writing")
         # The connection is shared by the threads of one process (a UI thread and a worker):
         # the lock keeps one thread's transaction from interleaving with another's statements.
         self._lock = threading.RLock()
         self._reply_locks: dict[int, Any] = {}  # message id -> held filelock.FileLock
+        # Idle connections searches read through, outside `_lock` (see `_search_connection`).
+        self._search_dbs: list[sqlite3.Connection] = []
+        self._search_dbs_lock = threading.Lock()
+        self._closed = False
         self._db = sqlite3.connect(
             path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S
         )
@@ -183,6 +203,11 @@ class History:
                     )
                 self._release_reply(message_id)
             self._db.close()
+        with self._search_dbs_lock:
+            self._closed = True  # a search still running closes its connection when it ends
+            idle, self._search_dbs = self._search_dbs, []
+        for db in idle:
+            db.close()
 
     # --- replies being written -----------------------------------------------------------------
 
@@ -454,26 +479,68 @@ class History:
 
     # --- search --------------------------------------------------------------------------------
 
-    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+    def search(
+        self,
+        query: str,
+        limit: int = 50,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[SearchHit]:
         """Messages holding every word of `query` (the last one as a prefix), best first.
 
         Uses the FTS5 index (ranked by bm25); without FTS5, a LIKE scan, newest first. Each hit
-        has a snippet with the matches between `HIT_START` and `HIT_END`.
+        has a snippet with the matches between `HIT_START` and `HIT_END`. The query is bounded
+        by `search_terms`; one that can match nothing (a lone surrogate) finds nothing.
+
+        The search reads through a connection of its own, so it holds up no other call. While it
+        runs it calls `cancelled` every few milliseconds (on this thread); once that returns
+        True the query stops and `SearchCancelled` is raised.
         """
-        words = query.split()
-        if not words or limit <= 0:
+        terms = search_terms(query)
+        if not terms.words or limit <= 0:
             return []
-        if self.full_text:
-            return self._search_fts(words, limit)
-        return self._search_like(words, limit)
+        with self._search_connection(cancelled) as db:
+            try:
+                if self.full_text:
+                    return search_fts(db, terms, limit)
+                return search_like(db, terms, limit)
+            except sqlite3.OperationalError as exc:
+                if cancelled is not None and cancelled():
+                    raise SearchCancelled from exc
+                raise
 
-    def _search_fts(self, words: list[str], limit: int) -> list[SearchHit]:
-        with self._lock:
-            return search_fts(self._db, words, limit)
+    @contextlib.contextmanager
+    def _search_connection(
+        self, cancelled: Callable[[], bool] | None
+    ) -> Iterator[sqlite3.Connection]:
+        """A read-only connection for one search, taken from the idle ones or opened.
 
-    def _search_like(self, words: list[str], limit: int) -> list[SearchHit]:
-        with self._lock:
-            return search_like(self._db, words, limit)
+        Not the shared connection, and without `_lock`: in WAL mode a reader sees the last
+        committed state while writers go on, so nothing waits for a search. A connection serves
+        one search at a time; it goes back to the idle ones afterwards.
+        """
+        with self._search_dbs_lock:
+            db = self._search_dbs.pop() if self._search_dbs else None
+        if db is None:
+            db = sqlite3.connect(
+                self._real_path,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=BUSY_TIMEOUT_S,
+            )
+            db.execute("PRAGMA query_only=ON")
+        if cancelled is not None:
+            db.set_progress_handler(lambda: bool(cancelled()), SEARCH_CHECK_STEPS)
+        try:
+            yield db
+        finally:
+            db.set_progress_handler(None, 0)
+            with self._search_dbs_lock:
+                keep = not self._closed and len(self._search_dbs) < SEARCH_CONNECTIONS_KEPT
+                if keep:
+                    self._search_dbs.append(db)
+            if not keep:
+                db.close()
 
 
 # In their own module; imported here so that `localfab.chat.history` keeps offering them.
@@ -493,17 +560,22 @@ __all__ = [
     "FTS_TABLE",
     "HIT_END",
     "HIT_START",
+    "MAX_QUERY_CHARS",
+    "MAX_TERMS",
     "MESSAGE_COLUMNS",
     "SESSION_COLUMNS",
     "SNIPPET_TOKENS",
     "DeletedSession",
     "History",
+    "SearchCancelled",
     "SearchHit",
+    "SearchTerms",
     "StoredMessage",
     "StoredSession",
     "export_json",
     "export_markdown",
     "import_json",
     "like_snippet",
+    "search_terms",
     "split_hits",
 ]

@@ -2,14 +2,33 @@
 
 A hit carries a snippet with the matches between `HIT_START` and `HIT_END` (control characters,
 never in chat text shown as such); `split_hits` cuts a snippet into pieces for display.
+
+What was typed is bounded before it reaches SQLite (`search_terms`): each word costs a pass over
+its part of the index, so a pasted paragraph is searched by its first few distinct words, which
+find its message as surely as all of them would.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from dataclasses import dataclass
 
 FTS_TABLE = "messages_fts"
+
+# Only this much of a query is read: more is a pasted document, not words to look for.
+MAX_QUERY_CHARS = 1000
+# At most this many distinct words are searched for, a word such as "a.b" counting once per
+# token the index splits it into (FTS5 matches it as a phrase of those tokens).
+MAX_TERMS = 10
+
+# Control characters (NUL ends an FTS5 string early) separate words, as the index's tokenizer
+# treats them.
+_SEPARATORS = re.compile("[\x00-\x1f\x7f-\x9f]")
+# A lone UTF-16 surrogate cannot be encoded, so no stored message holds one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# The tokens FTS5's unicode61 tokenizer makes of a word, near enough to count them.
+_TOKEN = re.compile(r"[^\W_]+")
 
 # Around each hit in a search snippet (control characters, never in chat text shown as such).
 HIT_START = "\x02"
@@ -28,11 +47,55 @@ class SearchHit:
     snippet: str  # matches between HIT_START and HIT_END
 
 
-def search_fts(db: sqlite3.Connection, words: list[str], limit: int) -> list[SearchHit]:
-    """Messages holding every word (the last as a prefix), ranked by bm25."""
+class SearchCancelled(Exception):
+    """A search stopped before it finished, because whoever asked no longer wants its hits."""
+
+
+@dataclass(frozen=True)
+class SearchTerms:
+    """The words a search looks for: what was typed, bounded (see `search_terms`)."""
+
+    words: tuple[str, ...]
+    prefix: bool  # the last word also matches as the start of a longer word (still being typed)
+    capped: bool  # words past `MAX_QUERY_CHARS` or `MAX_TERMS` were left out
+
+
+def search_terms(query: str) -> SearchTerms:
+    """The distinct words of `query` (first spelling kept), at most `MAX_TERMS` tokens' worth.
+
+    The last word is a prefix when it is the query's last (one cut short by `MAX_QUERY_CHARS`
+    included) and new. Control characters separate words. A query with a word no message can
+    hold (a lone surrogate) has no words, so it finds nothing instead of failing in SQLite.
+    """
+    typed = _SEPARATORS.sub(" ", query[:MAX_QUERY_CHARS]).split()
+    words: list[str] = []
+    seen: set[str] = set()
+    budget = MAX_TERMS
+    prefix, capped = False, len(query) > MAX_QUERY_CHARS
+    for i, word in enumerate(typed):
+        if word.casefold() in seen:
+            continue
+        tokens = list(_TOKEN.finditer(word))
+        if len(tokens) > budget or budget == 0:
+            capped = True
+            if not words:  # one long "a.b.c..." word: its first tokens still narrow the search
+                words.append(word[: tokens[budget - 1].end()])
+            break
+        budget -= max(1, len(tokens))
+        seen.add(word.casefold())
+        words.append(word)
+        prefix = i == len(typed) - 1
+    if any(_SURROGATE.search(word) for word in words):
+        return SearchTerms((), prefix=False, capped=capped)
+    return SearchTerms(tuple(words), prefix=prefix, capped=capped)
+
+
+def search_fts(db: sqlite3.Connection, terms: SearchTerms, limit: int) -> list[SearchHit]:
+    """Messages holding every word (the last as a prefix if so marked), ranked by bm25."""
     # Every word quoted, so that what the user typed is never read as FTS5 query syntax.
-    terms = ['"' + w.replace('"', '""') + '"' for w in words]
-    terms[-1] += "*"
+    quoted = ['"' + w.replace('"', '""') + '"' for w in terms.words]
+    if terms.prefix:
+        quoted[-1] += "*"
     rows = db.execute(
         f"SELECT m.session_id, m.id, m.role, s.title, "
         f"snippet({FTS_TABLE}, 0, ?, ?, '…', ?) "
@@ -40,13 +103,14 @@ def search_fts(db: sqlite3.Connection, words: list[str], limit: int) -> list[Sea
         f"JOIN messages m ON m.id = {FTS_TABLE}.rowid "
         f"JOIN sessions s ON s.id = m.session_id "
         f"WHERE {FTS_TABLE} MATCH ? ORDER BY rank LIMIT ?",
-        (HIT_START, HIT_END, SNIPPET_TOKENS, " ".join(terms), limit),
+        (HIT_START, HIT_END, SNIPPET_TOKENS, " ".join(quoted), limit),
     ).fetchall()
     return [SearchHit(*r) for r in rows]
 
 
-def search_like(db: sqlite3.Connection, words: list[str], limit: int) -> list[SearchHit]:
+def search_like(db: sqlite3.Connection, terms: SearchTerms, limit: int) -> list[SearchHit]:
     """Messages holding every word, newest first, by a LIKE scan (SQLite without FTS5)."""
+    words = list(terms.words)
 
     def escape(word: str) -> str:
         return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -7,6 +7,7 @@ transactions; this adds what only the app needs (a title for an untitled chat, f
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 from pathlib import Path
 
 from localfab.chat.history import (
@@ -44,8 +45,11 @@ class SessionStore:
     def undelete(self, deleted: DeletedSession) -> int:
         return self.history.restore_session(deleted)
 
-    def search(self, query: str, limit: int = 50) -> builtins.list[SearchHit]:
-        return self.history.search(query, limit)
+    def search(
+        self, query: str, limit: int = 50, *, cancelled: Callable[[], bool] | None = None
+    ) -> builtins.list[SearchHit]:
+        """See `History.search`: `cancelled` stops a search mid-query (`SearchCancelled`)."""
+        return self.history.search(query, limit, cancelled=cancelled)
 
     def export(self, session_id: int, path: Path) -> Path:
         """Write a session to `path`: JSON for a .json name, Markdown otherwise."""

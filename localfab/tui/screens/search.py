@@ -1,7 +1,12 @@
-"""Full-text search over every saved chat; picking a hit opens its chat at that message."""
+"""Full-text search over every saved chat; picking a hit opens its chat at that message.
+
+A search starts once typing pauses (`DEBOUNCE_S`), in a thread, and is stopped mid-query as
+soon as the words change: only the search for what the box holds now ever runs to the end.
+"""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
 
 from textual import on, work
@@ -11,13 +16,20 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.message import Message
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Input, Label, ListItem, ListView
+from textual.worker import get_current_worker
 
-from localfab.chat.history import SearchHit, split_hits
+from localfab.chat.history import SearchCancelled, SearchHit, search_terms, split_hits
+from localfab.errors import LocalfabError
 from localfab.textsafe import visible_controls
 from localfab.tui.sessions import SessionStore
 
 RESULTS = 50
+# Typing must pause this long before a search starts: a word typed quickly starts one search,
+# not one per key, of which all but the last would be thrown away.
+DEBOUNCE_S = 0.25
+QUOTED_CHARS = 40  # of the query, in "Nothing found for ..." (a pasted page would fill it)
 HIT_STYLE = "bold reverse"  # readable on every theme without a colour of its own
 
 
@@ -59,6 +71,7 @@ class SearchScreen(ModalScreen[SearchHit | None]):
     class ResultsFound(Message):
         query: str
         hits: list[SearchHit]
+        error: str | None = None  # why the search failed, if it did
 
     def __init__(self, store: SessionStore, query: str = "") -> None:
         super().__init__(classes="dialog-screen")
@@ -66,6 +79,8 @@ class SearchScreen(ModalScreen[SearchHit | None]):
         self.query_text = query
         self.hits: list[SearchHit] = []
         self.searches = 0  # searches answered, for tests
+        self.debounce_s = DEBOUNCE_S
+        self._pending: Timer | None = None  # the search waiting for typing to pause
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog search-dialog"):
@@ -85,32 +100,60 @@ class SearchScreen(ModalScreen[SearchHit | None]):
 
     @on(Input.Changed, "#search-input")
     def _changed(self, event: Input.Changed) -> None:
-        self._search(event.value)
+        # The search under way is for words no longer in the box: stop it now, not when done.
+        self.workers.cancel_group(self, "search")
+        if self._pending is not None:
+            self._pending.stop()
+            self._pending = None
+        query = event.value
+        if not query.strip():
+            self._search(query)  # nothing to look up: the hint comes back at once
+            return
+        self._pending = self.set_timer(self.debounce_s, lambda: self._search(query))
 
     @work(thread=True, exclusive=True, group="search", exit_on_error=False)
     def _search(self, query: str) -> None:
         # A thread: the database may be busy with another process's write for a moment.
-        hits = self.store.search(query, RESULTS) if query.strip() else []
+        worker = get_current_worker()
+        try:
+            hits = (
+                self.store.search(query, RESULTS, cancelled=lambda: worker.is_cancelled)
+                if query.strip()
+                else []
+            )
+        except SearchCancelled:
+            return  # newer words replaced these; their own search answers
+        except (sqlite3.Error, LocalfabError) as exc:
+            self.post_message(self.ResultsFound(query, [], error=str(exc)))
+            return
         self.post_message(self.ResultsFound(query, hits))
 
     @on(ResultsFound)
     async def _results_found(self, event: ResultsFound) -> None:
         if event.query != self.query_one(Input).value:
             return  # an older search answered late
-        self.hits = event.hits
-        self.searches += 1
         view = self.query_one(ListView)
         await view.clear()
         await view.extend([HitItem(h) for h in event.hits])
         view.index = 0 if event.hits else None
         status = self.query_one("#search-status", Label)
-        if not event.query.strip():
+        terms = search_terms(event.query)
+        capped = f" (searched for the first {len(terms.words)} words)" if terms.capped else ""
+        if event.error is not None:
+            status.update(f"Search failed: {event.error}")
+        elif not event.query.strip():
             status.update(self._hint())
         elif not event.hits:
-            status.update(f"Nothing found for {event.query.strip()!r}.")
+            quoted = " ".join(event.query.split())
+            if len(quoted) > QUOTED_CHARS:
+                quoted = quoted[: QUOTED_CHARS - 1] + "…"
+            status.update(f"Nothing found for {quoted!r}{capped}.")
         else:
             more = "+" if len(event.hits) == RESULTS else ""
-            status.update(f"{len(event.hits)}{more} messages; ↓ then Enter opens one.")
+            status.update(f"{len(event.hits)}{more} messages{capped}; ↓ then Enter opens one.")
+        # Last, so that a search counts as answered once all of its answer is on the screen.
+        self.hits = event.hits
+        self.searches += 1
 
     @on(Input.Submitted, "#search-input")
     def _submitted(self) -> None:
