@@ -87,9 +87,11 @@ def test_a_client_that_hangs_up_during_the_prompt_frees_the_engine(model_path: P
         res = httpx.post(
             server.url + "/completion", json={"prompt": tokens, "n_predict": 1}, timeout=120
         ).json()
-        # The engine stopped the first prompt at a micro-batch: this one found only that much.
+        # The engine stopped the first prompt at a micro-batch boundary: this one found only
+        # that much (none, when the hang-up was seen before the first micro-batch began, which
+        # a loaded machine can make happen; the old code evaluated the whole prompt anyway).
         cached = res["timings"]["cache_n"]
-        assert cached % N_UBATCH == 0 and 0 < cached < len(tokens) - 1, cached
+        assert cached % N_UBATCH == 0 and cached < len(tokens) - 1, cached
     finally:
         server.stop()
         loaded.close()
