@@ -238,7 +238,7 @@ def test_n_probs_are_the_log_softmax_of_the_logits(engine):
     prompt = engine.tokenize("The lighthouse keeper climbed the")
     engine.clear_cache()
     engine.evaluate(prompt)
-    logits = np.array(engine._kv.logits(), dtype=np.float64)
+    logits = np.array(engine.kv.logits(), dtype=np.float64)
     log_softmax = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
     expected = np.argsort(-log_softmax, kind="stable")[:5]
 
@@ -268,7 +268,7 @@ def test_n_probs_are_the_log_softmax_of_the_logits(engine):
 
 @pytest.mark.model
 def test_grammar_no_token_can_satisfy_raises_and_the_engine_goes_on(engine):
-    from localfab.engine.grammar_limits import GrammarDeadEnd
+    from localfab.engine.grammar.limits import GrammarDeadEnd
 
     tokens = engine.tokenize("Hi")
     for temperature in (0.8, 0.0):
@@ -280,7 +280,7 @@ def test_grammar_no_token_can_satisfy_raises_and_the_engine_goes_on(engine):
 
 @pytest.mark.model
 def test_grammar_dead_end_after_a_token_stops_the_stream_with_an_error(engine):
-    from localfab.engine.grammar_limits import GrammarDeadEnd
+    from localfab.engine.grammar.limits import GrammarDeadEnd
 
     sampling = SamplingParams(grammar='root ::= "a" [\\x00]')
     texts: list[str] = []
@@ -299,7 +299,7 @@ def test_completed_grammar_ends_the_reply_even_with_ignore_eos(engine):
 
 @pytest.mark.model
 def test_logit_bias_against_every_allowed_token_is_an_error(engine):
-    from localfab.engine.grammar_limits import GrammarDeadEnd
+    from localfab.engine.grammar.limits import GrammarDeadEnd
 
     tokens = engine.tokenize("Hi")
     # Every token whose text starts with "z" (the grammar allows only those first).
@@ -313,7 +313,7 @@ def test_logit_bias_against_every_allowed_token_is_an_error(engine):
 
 @pytest.mark.model
 def test_grammar_past_the_limits_is_refused_before_llama_cpp(engine):
-    from localfab.engine.grammar_limits import GrammarLimitError
+    from localfab.engine.grammar.limits import GrammarLimitError
 
     nested = "root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000
     with pytest.raises(GrammarLimitError, match="grammar nesting depth 100000"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from localfab.engine import grammar_limits as gl
-from localfab.engine.grammar import builtin_grammars, json_schema_to_gbnf
-from localfab.engine.grammar_limits import GrammarLimitError, check_grammar, check_schema
+from localfab.engine.grammar import limits as gl
+from localfab.engine.grammar.convert import builtin_grammars, json_schema_to_gbnf
+from localfab.engine.grammar.limits import GrammarLimitError, check_grammar, check_schema
 from localfab.engine.sampling import penalty_window
 from localfab.server.errors import ApiError
 from localfab.server.params import parse_generation

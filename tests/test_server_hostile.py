@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from localfab.engine import grammar_limits as gl
+from localfab.engine.grammar import limits as gl
 from tests.serverproc import HealthWatch, ServerProcess, serve
 
 pytestmark = pytest.mark.model

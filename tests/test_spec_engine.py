@@ -260,7 +260,7 @@ def eng(model_path: Path) -> Iterator[Any]:
 
 def assert_no_rejected_cells(engine: Any) -> None:
     """llama.cpp's cache holds exactly the cells the engine's mirror says, no drafted extras."""
-    kv = engine._kv
+    kv = engine.kv
     assert kv.pos_max() + 1 == len(kv.cached)
 
 
@@ -348,7 +348,7 @@ def test_verifies_hold_no_more_tokens_than_llama_cpp_computes_exactly(model_path
 
 def test_past_256_tokens_of_an_f16_cache_no_draft_is_verified(model_path: Path) -> None:
     from localfab.engine import Engine, EngineSettings
-    from localfab.engine.exactness import exact_batch
+    from localfab.engine.spec.exactness import exact_batch
     from localfab.runtime import start_speculation
 
     prompt_text = TEXT * 6
@@ -383,7 +383,7 @@ def test_with_a_quantized_cache_a_verify_past_256_tokens_is_bit_exact(
         engine.set_speculation(SpecSettings(spec_type="ngram-simple", draft_max=16))
         n = engine.speculation_batch
         assert n >= 2
-        kv = engine._kv
+        kv = engine.kv
         prompt = engine.tokenize(TEXT * 6)[:400]
         kv.clear()
         kv.decode(prompt, 0)
@@ -523,7 +523,7 @@ def test_top_tokens_after_a_verify_that_cut_its_draft_read_the_last_kept_token(e
     prompt = eng.tokenize(REWRITE)
     eng.clear_cache()
     eng.evaluate(prompt[:-1])
-    kv = eng._kv
+    kv = eng.kv
     draft = eng.tokenize(" the lighthouse keeper wound the clock", add_special=False)
     kv.decode_rows([prompt[-1], *draft], len(prompt) - 1)
     kv.truncate(len(prompt) + 2)  # kept: the pending token and two drafted ones
@@ -656,7 +656,7 @@ def test_the_draft_model_stays_in_sync_across_turns(drafted: Any) -> None:
     )
     two = drafted.generate(second, max_tokens=20, sampling=GREEDY)
     assert two.timings.cache_n >= len(first)
-    draft_kv = drafted.draft_engine._kv
+    draft_kv = drafted.draft_engine.kv
     # The draft's cache holds the conversation and nothing but it, up to its last draft.
     assert draft_kv.pos_max() + 1 == len(draft_kv.cached)
     assert draft_kv.cached[: len(second)] == second
@@ -801,7 +801,7 @@ def test_the_draft_model_follows_a_context_shift(model_path: Path) -> None:
                 assert_no_rejected_cells(engine)
                 draft = engine.draft_engine
                 if draft is not None:
-                    draft_kv = draft._kv
+                    draft_kv = draft.kv
                     assert draft_kv.pos_max() + 1 == len(draft_kv.cached)
                     # After the shift the draft holds the shifted window, not the old one, up
                     # to its last draft (it catches up when it drafts next).

@@ -3,10 +3,10 @@
 Each slot is a KV sequence of the engine's context (see `EngineSettings.n_seq_max`) with its own
 reply: sampler chain, seed, stop strings, grammar, cancellation, prefix reuse and context shift.
 One `step()` builds a single batch holding the next token of every slot that is generating, then
-fills what room is left with chunks of the prompts still being processed: up to `n_batch` when
-nothing is generating, one micro-batch (`n_ubatch`) beside running replies, so a long prompt that
+adds one micro-batch (`n_ubatch`) of the prompts still being processed, so a long prompt that
 arrives holds up the streams already running for one micro-batch at a time, never for the whole
-prompt (chunked prefill). After the decode, every slot that has logits samples its next token.
+prompt (chunked prefill), and a cancelled prompt stops within one. After the decode, every slot
+that has logits takes its next token through its `ReplyState`, the token step of every path.
 
 Slot 0 is the engine's own sequence (`Engine.stream` uses it too, when no batch runs). A reply
 that asks for copies (`BatchDecoder.follow`) has its prompt evaluated once: when the leader's
@@ -23,11 +23,16 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp as lc
 import numpy as np
 
-from localfab.engine import generation
 from localfab.engine.kvcache import KVCache
-from localfab.engine.sampling import GuardedSampler
+from localfab.engine.reply import (
+    ReplyState,
+    cancelled_before_first,
+    check_request,
+    make_room,
+    new_sampler,
+    post_sampling,
+)
 from localfab.engine.spec import Drafter, ModelDraft, NgramDraft, SpecCosts, Tuner, propose
-from localfab.engine.text import StopMatcher, Utf8Stream
 from localfab.engine.types import (
     Done,
     FinishReason,
@@ -57,29 +62,17 @@ class _Spec:
     n_pushed: int = 0  # generated tokens the drafter has seen
     drafts: list[int] = field(default_factory=list)  # in this step's batch after the pending
     guess: int = -1  # a free one-token guess made while not drafting (-1: none)
-    draft_n: int = 0
-    draft_n_accepted: int = 0
-    draft_verifies: int = 0
 
 
 @dataclass(eq=False)
-class _Reply:
-    """One reply on a slot: what it asked for and how far it is."""
+class SlotReply:
+    """One reply on a slot: its prompt and how far it is; its tokens are `state`'s."""
 
     prompt: list[int]
-    opts: GenerationOptions
-    sampler: GuardedSampler | None
-    n_reused: int
     todo: list[int]  # prompt tokens not evaluated yet
-    t_start: float
-    utf8: Utf8Stream = field(default_factory=Utf8Stream)
-    stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
-    generated: list[int] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)
-    t_first: float = 0.0
+    state: ReplyState  # the token step, as on every path
     pending: int = -1  # the sampled token the next step decodes; -1 while the prompt runs
     leader: Slot | None = None  # a follower's: the slot whose prompt cells it copies
-    eog: np.ndarray[Any, np.dtype[Any]] | None = None
     spec: _Spec | None = None  # speculative decoding, when the engine has it on
 
 
@@ -89,7 +82,7 @@ class Slot:
 
     id: int
     kv: KVCache
-    reply: _Reply | None = None
+    reply: SlotReply | None = None
     last_used: float = 0.0
 
     @property
@@ -121,11 +114,11 @@ class BatchDecoder:
         self.engine = engine
         n = engine.n_seq_max if n_slots is None else min(max(n_slots, 1), engine.n_seq_max)
         shared = engine.n_seq_max > 1
-        self.slots = [Slot(0, engine._kv)] + [
+        self.slots = [Slot(0, engine.kv)] + [
             Slot(
                 i,
                 KVCache(
-                    engine._ctx, engine.n_ctx, engine.n_batch, engine.n_vocab, seq=i, shared=shared
+                    engine.ctx, engine.n_ctx, engine.n_batch, engine.n_vocab, seq=i, shared=shared
                 ),
             )
             for i in range(1, n)
@@ -135,7 +128,7 @@ class BatchDecoder:
         self.n_batch = engine.n_batch
         # Prompt tokens one step takes while other replies are generating: one micro-batch, so
         # their next tokens wait for one micro-batch of prompt, not for the whole prompt.
-        self.n_ubatch = min(int(lc.llama_n_ubatch(engine._ctx)), self.n_batch)
+        self.n_ubatch = min(int(lc.llama_n_ubatch(engine.ctx)), self.n_batch)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._draft_s = 0.0  # seconds spent drafting for the step being built
         self._no_drafts = False  # the next step drafts nothing (a shared pool had no room)
@@ -143,23 +136,23 @@ class BatchDecoder:
         self.n_busy = 0  # busy slots summed over those calls
         # Speculative decoding per slot, when the engine has it on: each reply drafts from its
         # own history (or in its own sequence of the draft model) and verifies in the step.
-        self.speculator: Speculator | None = engine._speculator
+        self.speculator: Speculator | None = engine.speculator
         self.spec_costs = SpecCosts()  # what a step costs, with and without drafts
         self._draft_kv: dict[int, KVCache] = {}  # the draft model's sequence of each slot
         draft = self.speculator.draft_engine if self.speculator is not None else None
         if draft is not None:
-            self._draft_kv[0] = draft._kv
+            self._draft_kv[0] = draft.kv
             for i in range(1, min(n, draft.n_seq_max)):
                 self._draft_kv[i] = KVCache(
-                    draft._ctx, draft.n_ctx, draft.n_batch, draft.n_vocab, seq=i, shared=True
+                    draft.ctx, draft.n_ctx, draft.n_batch, draft.n_vocab, seq=i, shared=True
                 )
                 self._draft_kv[i].clear()
 
     def close(self) -> None:
         """Free the batch and every slot's buffers but slot 0's (the engine's own)."""
         for slot in self.slots:
-            if slot.reply is not None and slot.reply.sampler is not None:
-                slot.reply.sampler.close()
+            if slot.reply is not None and slot.reply.state.sampler is not None:
+                slot.reply.state.sampler.close()
             slot.reply = None
         for slot in self.slots[1:]:
             slot.kv.free()
@@ -213,35 +206,22 @@ class BatchDecoder:
         if slot.reply is not None:
             raise LocalfabError(f"slot {slot.id} is busy")
         engine = self.engine
-        generation.check_request(engine, prompt, opts)
-        sampler = generation.new_sampler(
-            engine, opts.sampling, readable=generation.post_sampling(opts)
-        )
+        check_request(engine, prompt, opts)
+        sampler = new_sampler(engine, opts.sampling, readable=post_sampling(opts))
         prompt = list(prompt)
         n_reused = slot.kv.reuse_prefix(prompt)
-        reply = _Reply(
-            prompt=prompt,
-            opts=opts,
-            sampler=sampler,
-            n_reused=n_reused,
-            todo=prompt[n_reused:],
-            t_start=time.perf_counter(),
-            stops=StopMatcher(opts.stop),
-        )
-        if opts.carry:
-            reply.utf8.feed(opts.carry)
-        if sampler is None and opts.sampling.ignore_eos:
-            reply.eog = np.array(engine.eog_tokens())
+        state = ReplyState(engine, opts, sampler, n_prompt=len(prompt), n_reused=n_reused)
+        reply = SlotReply(prompt, prompt[n_reused:], state)
         reply.spec = self._new_spec(slot, opts, prompt)
         slot.reply = reply
-        slot.last_used = reply.t_start
+        slot.last_used = state.t_start
 
     def _new_spec(self, slot: Slot, opts: GenerationOptions, prompt: list[int]) -> _Spec | None:
         """The reply's speculation: none when the engine has it off, for a reply that reports
         post-sampling probabilities (as `Engine.stream`), or for a slot beyond the draft
         model's sequences."""
         sp = self.speculator
-        if sp is None or generation.post_sampling(opts):
+        if sp is None or post_sampling(opts):
             return None
         drafter: Drafter
         if sp.draft_engine is None:
@@ -290,7 +270,7 @@ class BatchDecoder:
             kv = slot.kv
             if len(kv.cached) >= kv.n_ctx:
                 try:
-                    shifted = generation._make_room(kv, r.opts.on_context_full, r.generated)
+                    shifted = make_room(kv, r.state.opts.on_context_full, r.state.generated)
                 except LocalfabError as exc:  # the shift failed: this reply ends, not the others
                     self._release(slot)
                     kv.sync_after_failure()
@@ -315,13 +295,16 @@ class BatchDecoder:
                 for j, tok in enumerate(drafts):
                     self._put(batch, n + j, tok, pos + 1 + j, slot.id, True)
                 n += len(drafts)
-        # While replies are generating, prompts get one micro-batch per step (chunked prefill).
-        limit = self.n_ubatch + n if n else self.n_batch
+        # Prompts get one micro-batch per step (chunked prefill): beside running replies, whose
+        # next tokens wait for one micro-batch of prompt, not the whole prompt; and alone, so a
+        # cancel (a client that hung up) stops a long prompt within one micro-batch. llama.cpp
+        # computes a larger batch one micro-batch at a time anyway.
+        limit = self.n_ubatch + n
         for slot in self.slots:
             r = slot.reply
             if r is None or r.pending >= 0 or r.leader is not None:
                 continue
-            cancel = r.opts.cancel
+            cancel = r.state.opts.cancel
             if cancel is not None and cancel.is_set():
                 out.append(SlotEvents(slot, tuple(self._cancelled(slot))))
                 continue
@@ -340,18 +323,20 @@ class BatchDecoder:
         batch.n_tokens = n
         return rows, chunks
 
-    def _draft(self, slot: Slot, r: _Reply, sp: _Spec, room: int) -> list[int]:
-        """The tokens to verify after the slot's pending one (as `Speculator._run` drafts)."""
+    def _draft(self, slot: Slot, r: SlotReply, sp: _Spec, room: int) -> list[int]:
+        """The tokens to verify after the slot's pending one (as `Speculator.run` drafts)."""
         assert self.speculator is not None
         s = self.speculator.settings
-        for tok in r.generated[sp.n_pushed :]:
+        generated = r.state.generated
+        for tok in generated[sp.n_pushed :]:
             sp.drafter.push(tok)
-        sp.n_pushed = len(r.generated)
+        sp.n_pushed = len(generated)
         kv = slot.kv
         n = len(kv.cached)
         room = min(room, kv.n_ctx - n - 1, self.speculator.limit(n) - 1)
-        if r.opts.max_tokens > 0:
-            room = min(room, r.opts.max_tokens - len(r.generated) - 1)
+        max_tokens = r.state.opts.max_tokens
+        if max_tokens > 0:
+            room = min(room, max_tokens - len(generated) - 1)
         drafts = propose(sp.tuner, sp.drafter, min(room, s.max_draft))
         if len(drafts) < max(s.draft_min, 1):
             drafts = []
@@ -378,7 +363,7 @@ class BatchDecoder:
         busy = [s for s in self.slots if s.reply is not None]
         before = {s.id: len(s.kv.cached) for s in busy}
         t0 = time.perf_counter()
-        rc = lc.llama_decode(self.engine._ctx, batch)
+        rc = lc.llama_decode(self.engine.ctx, batch)
         seconds = time.perf_counter() - t0 + self._draft_s
         self._draft_s = 0.0
         self.n_decode += 1
@@ -428,13 +413,14 @@ class BatchDecoder:
                 self._release(slot)
             return SlotEvents(slot, error=exc)
 
-    def _verify(self, slot: Slot, r: _Reply, sp: _Spec, row: int, n0: int) -> SlotEvents:
+    def _verify(self, slot: Slot, r: SlotReply, sp: _Spec, row: int, n0: int) -> SlotEvents:
         """Sample at the pending token's row and at each drafted token's while the draft holds
         (as `Speculator._verify`); the cells of the drafted tokens not kept leave the cache.
         Without a draft this is the plain sample, and a free guess is scored."""
         drafts, sp.drafts = sp.drafts, []
-        sp.draft_n += len(drafts)
-        sp.draft_verifies += bool(drafts)
+        state = r.state
+        state.draft_n += len(drafts)
+        state.draft_verifies += bool(drafts)
         events: list[TokenEvent | Done] = []
         i = 0
         kept = 0
@@ -443,13 +429,13 @@ class BatchDecoder:
                 events += self._sample(slot, self._row(row + i), row + i)
                 if slot.reply is None:  # ended: eos, a stop string, cancel or max_tokens
                     break
-                tok = r.generated[-1]
+                tok = state.generated[-1]
                 if not drafts and sp.guess >= 0:
                     sp.tuner.guess(sp.guess == tok)
                 if i >= len(drafts) or tok != drafts[i]:
                     break
                 kept += 1
-                sp.draft_n_accepted += 1
+                state.draft_n_accepted += 1
                 i += 1
         except LocalfabError as exc:  # a grammar at a dead end: this reply ends, not the others
             if slot.reply is not None:
@@ -473,12 +459,12 @@ class BatchDecoder:
             r = slot.reply
             if r is not None and r.leader is leader:
                 r.leader = None
-                r.n_reused = len(r.prompt)  # evaluated once, by the leader
+                r.state.n_reused = len(r.prompt)  # evaluated once, by the leader
                 found.append(slot)
         return found
 
     def _row(self, row: int) -> np.ndarray[Any, np.dtype[np.float32]]:
-        ptr = lc.llama_get_logits_ith(self.engine._ctx, row)
+        ptr = lc.llama_get_logits_ith(self.engine.ctx, row)
         if not ptr:
             raise LocalfabError(f"llama.cpp computed no logits for batch row {row}")
         return np.ctypeslib.as_array(ptr, shape=(self.engine.n_vocab,))
@@ -512,7 +498,7 @@ class BatchDecoder:
                 return
             prefilling = [s for s in busy if s.reply is not None and s.reply.pending < 0]
             if not prefilling:
-                youngest = max(busy, key=lambda s: s.reply.t_start if s.reply else 0.0)
+                youngest = max(busy, key=lambda s: s.reply.state.t_start if s.reply else 0.0)
                 out.append(SlotEvents(youngest, tuple(self._end(youngest, "length", "context"))))
                 return
             for slot in prefilling:
@@ -537,80 +523,36 @@ class BatchDecoder:
     def _sample(
         self, slot: Slot, logits: np.ndarray[Any, np.dtype[np.float32]], row: int
     ) -> list[TokenEvent | Done]:
-        """Pick the slot's next token from its logits row (as `generation.stream`'s loop)."""
+        """Take the slot's next token from its logits row: the token step of every path."""
         r = slot.reply
         assert r is not None
-        engine = self.engine
-        opts = r.opts
-        sampler = r.sampler
-        token_bytes = engine.token_bytes
-        n_probs = opts.n_probs
-        raw = generation._raw_probs(opts)
-        ranked = generation.rank(logits, n_probs, token_bytes) if raw else None
-        if sampler is None:
-            tok = int(logits.argmax())
-            if r.eog is not None and tok in r.eog:
-                tok = generation._argmax_without(logits, r.eog)
-        else:
-            tok = sampler.sample_at(logits, row)
-        if not r.generated:
-            r.t_first = time.perf_counter()
-        if engine.is_eog(tok):
-            return self._end(slot, "stop", "eos")
-        if sampler is not None:
-            sampler.accept(tok)
-        r.generated.append(tok)
-        piece = token_bytes(tok)
-        text = r.stops.feed(r.utf8.feed(piece))
-        if text:
-            r.parts.append(text)
-        probs = (
-            generation._token_probs(sampler, ranked, piece, logits, tok, n_probs, token_bytes)
-            if n_probs > 0
-            else None
-        )
-        events: list[TokenEvent | Done] = [TokenEvent(tok, text, probs)]
-        cancel = opts.cancel
-        if r.stops.matched is not None:
-            events += self._end(slot, "stop", "word")
-        elif cancel is not None and cancel.is_set():
-            events += self._end(slot, "cancelled", "cancel")
-        elif len(r.generated) == opts.max_tokens:
-            events += self._end(slot, "length", "limit")
-        else:
-            r.pending = tok
-        return events
+        state = r.state
+        event = state.step(logits, row)
+        if event is None:  # end of generation
+            return self._end(slot)
+        if state.ended():
+            return [event, *self._end(slot)]
+        r.pending = event.token
+        return [event]
 
     def _end(
-        self, slot: Slot, finish: FinishReason, stop_type: StopType
+        self, slot: Slot, finish: FinishReason | None = None, stop_type: StopType = "limit"
     ) -> list[TokenEvent | Done]:
+        """End the slot's reply: for the reason its state holds, or `finish` / `stop_type`."""
         r = slot.reply
         assert r is not None
         self._release(slot)
-        return generation._finish(
-            n_prompt=len(r.prompt),
-            n_reused=r.n_reused,
-            generated=r.generated,
-            parts=r.parts,
-            finish=finish,
-            stop_type=stop_type,
-            utf8=r.utf8,
-            stops=r.stops,
-            t_start=r.t_start,
-            t_first=r.t_first,
-            drafted=(
-                (r.spec.draft_n, r.spec.draft_n_accepted, r.spec.draft_verifies)
-                if r.spec
-                else (0, 0, 0)
-            ),
-        )
+        if finish is not None:
+            r.state.end(finish, stop_type)
+        return r.state.finish()
 
     def _cancelled(self, slot: Slot) -> list[TokenEvent | Done]:
         r = slot.reply
         assert r is not None
         self._release(slot)
         # The part of the prompt evaluated so far stays cached for the next request.
-        return [generation._cancelled(slot.kv, r.n_reused, r.t_start, len(r.prompt))]
+        state = r.state
+        return [cancelled_before_first(slot.kv, state.n_reused, state.t_start, len(r.prompt))]
 
     def reset(self) -> list[Slot]:
         """After a step that raised: every reply is dropped (their slots are returned) and each
@@ -635,13 +577,13 @@ class BatchDecoder:
         r = slot.reply
         slot.reply = None
         slot.last_used = time.perf_counter()
-        if r is not None and r.sampler is not None:
-            r.sampler.close()
+        if r is not None and r.state.sampler is not None:
+            r.state.sampler.close()
         # A follower waiting on this slot's prompt starts on its own.
         for other in self.slots:
             o = other.reply
             if o is not None and o.leader is slot:
                 o.leader = None
                 n = other.kv.reuse_prefix(o.prompt)
-                o.n_reused = n
+                o.state.n_reused = n
                 o.todo = o.prompt[n:]

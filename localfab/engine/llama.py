@@ -28,14 +28,14 @@ from localfab.engine.kvcache import KVCache
 from localfab.engine.native import backend_info, physical_cores
 from localfab.engine.types import (
     BufferSizes,
-    ContextFull,
     Done,
     EngineSettings,
     FlashAttn,
     GenerationOptions,
-    SamplingParams,
     SpecSettings,
     TokenEvent,
+    outside_vocab,
+    vocab_message,
 )
 from localfab.errors import ContextOverflow, LocalfabError, UsageError
 from localfab.modelfile import check_gguf_file
@@ -46,9 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "backend_info", "measure_buffers", "physical_cores"]
 
 log = logging.getLogger("localfab.engine")
-
-# `stream`'s keyword defaults: the keyword form and `options` cannot be mixed.
-_KEYWORD_DEFAULTS: tuple[object, ...] = (-1, None, (), None, None, b"", 0, False)
 
 
 class Engine:
@@ -114,6 +111,38 @@ class Engine:
         if self.settings.warmup:
             self._warmup()
         self._lock = threading.Lock()
+
+    # --- the handle: what the decoding modules drive ------------------------------------------
+
+    @property
+    def kv(self) -> KVCache:
+        """The engine's own KV sequence (sequence 0)."""
+        return self._kv
+
+    @property
+    def ctx(self) -> Any:
+        """llama.cpp's context (a `llama_context_p`)."""
+        return self._ctx
+
+    @property
+    def vocab(self) -> Any:
+        """llama.cpp's vocabulary of the model (a `llama_vocab_p`)."""
+        return self._vocab
+
+    @property
+    def speculator(self) -> Speculator | None:
+        """The speculative decoding in use (see `set_speculation`); None when off."""
+        return self._speculator
+
+    def claim(self) -> None:
+        """Take the engine for one generation on this thread; LocalfabError when another
+        generation holds it. `release` gives it back."""
+        if not self._lock.acquire(blocking=False):
+            raise LocalfabError("the engine is busy with another generation")
+        self._owner = threading.get_ident()
+
+    def release(self) -> None:
+        self._lock.release()
 
     def _warmup(self) -> None:
         """One throw-away decode, as llama-server does at start-up: it pages the weights in and
@@ -284,9 +313,10 @@ class Engine:
         return buf.raw[:n].decode("utf-8", errors="replace")
 
     def check_tokens(self, tokens: Sequence[int]) -> None:
-        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
-        if bad:
-            raise UsageError(f"token id {bad[0]} is out of the vocabulary (0..{self.n_vocab - 1})")
+        """UsageError for a token id outside the vocabulary."""
+        bad = outside_vocab(tokens, self.n_vocab)
+        if bad is not None:
+            raise UsageError(vocab_message(bad, self.n_vocab))
 
     # --- KV cache (see `kvcache`) ------------------------------------------------------------
 
@@ -363,7 +393,7 @@ class Engine:
 
     def load_draft(self, path: str | Path, n_gpu_layers: int | None = None) -> Engine:
         """Load a draft model for this engine; UsageError/ModelError if it cannot draft here."""
-        from localfab.engine.spec import load_draft
+        from localfab.engine.spec.draft_model import load_draft
 
         return load_draft(str(path), self, n_gpu_layers)
 
@@ -383,8 +413,8 @@ class Engine:
             old = self._speculator
             self._speculator = None
             if settings is not None and settings.enabled:
-                from localfab.engine.exactness import exact_batch
                 from localfab.engine.spec import Speculator
+                from localfab.engine.spec.exactness import exact_batch
 
                 use = draft if settings.spec_type == "draft-simple" else None
                 n = min(settings.max_draft + 1, self.n_batch)
@@ -398,51 +428,22 @@ class Engine:
     # --- generation (see `generation`) -------------------------------------------------------
 
     def stream(
-        self,
-        prompt: Sequence[int],
-        options: GenerationOptions | None = None,
-        *,
-        max_tokens: int = -1,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        on_context_full: ContextFull | None = None,
-        carry: bytes = b"",
-        n_probs: int = 0,
-        post_sampling_probs: bool = False,
+        self, prompt: Sequence[int], options: GenerationOptions | None = None, **fields: Any
     ) -> Iterator[TokenEvent | Done]:
         """Generate after `prompt`, yielding TokenEvents and finally one Done.
 
-        What to generate is `options` or, the same fields, keywords (see `GenerationOptions`);
-        not both. The KV cache is reused for the longest prefix `prompt` shares with the
-        previous call. An incomplete UTF-8 character at the end of a reply cut by `max_tokens`
-        is returned in `Done.pending`, not shown, for a continuation to `carry`. Checks happen
-        when the first event is asked for: a UsageError or ContextOverflow is raised there.
+        What to generate is `options`, or, as a shorthand, its fields as keywords
+        (`stream(tokens, max_tokens=8)` is `stream(tokens, GenerationOptions(max_tokens=8))`).
+        The KV cache is reused for the longest prefix `prompt` shares with the previous call.
+        An incomplete UTF-8 character at the end of a reply cut by `max_tokens` is returned in
+        `Done.pending`, not shown, for a continuation to `carry`. Checks happen when the first
+        event is asked for: a UsageError or ContextOverflow is raised there.
         """
-        keywords = (
-            max_tokens,
-            sampling,
-            tuple(stop),
-            cancel,
-            on_context_full,
-            carry,
-            n_probs,
-            post_sampling_probs,
-        )
-        if options is None:
-            options = GenerationOptions(
-                max_tokens=max_tokens,
-                sampling=sampling or SamplingParams(),
-                stop=tuple(stop),
-                cancel=cancel,
-                on_context_full=on_context_full,
-                carry=carry,
-                n_probs=n_probs,
-                post_sampling_probs=post_sampling_probs,
-            )
-        elif keywords != _KEYWORD_DEFAULTS:
-            raise TypeError("pass generation options as `options` or as keywords, not both")
-        return generation.stream(self, prompt, options)
+        if fields:
+            if options is not None:
+                raise TypeError("pass generation options as `options` or as keywords, not both")
+            options = GenerationOptions(**fields)
+        return generation.stream(self, prompt, options or GenerationOptions())
 
     def generate(
         self, prompt: Sequence[int], options: GenerationOptions | None = None, **keywords: Any

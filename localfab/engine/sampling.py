@@ -22,7 +22,7 @@ import ctypes
 import llama_cpp as lc
 import numpy as np
 
-from localfab.engine.grammar_limits import GrammarDeadEnd, check_grammar
+from localfab.engine.grammar.limits import GrammarDeadEnd, check_grammar
 from localfab.engine.types import SamplingParams
 from localfab.errors import LocalfabError, UsageError
 

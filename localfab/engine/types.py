@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -391,3 +391,17 @@ class ChatEngine(Protocol):
         on_context_full: Callable[[list[int]], list[int] | None] | None = ...,
         carry: bytes = ...,
     ) -> Iterator[TokenEvent | Done]: ...
+
+
+def outside_vocab(tokens: Iterable[object], n_vocab: int) -> object | None:
+    """The first of `tokens` that is not a token id of a vocabulary of `n_vocab` (an int, not
+    a bool, in 0..n_vocab-1); None when all are. Every check of client tokens uses this."""
+    for tok in tokens:
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < n_vocab:
+            return tok
+    return None
+
+
+def vocab_message(tok: object, n_vocab: int) -> str:
+    """What to say about a token id outside the vocabulary."""
+    return f"token id {tok!r} is out of the vocabulary (0..{n_vocab - 1})"

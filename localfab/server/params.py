@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from localfab.engine.types import SamplingParams
+from localfab.engine.types import GenerationOptions, SamplingParams
 from localfab.server.errors import ApiError
 from localfab.server.settings import ServerSettings
 from localfab.units import SAMPLING
@@ -143,6 +143,17 @@ class Generation:
     verbose: bool | None = None  # None: as the server was started (--verbose)
     settings_json: dict[str, Any] = field(default_factory=dict, compare=False)
 
+    def options(self) -> GenerationOptions:
+        """What the engine generates for one result of this request (each job adds its own
+        cancel Event and, with --context-shift, how a full window goes on)."""
+        return GenerationOptions(
+            max_tokens=self.n_predict,
+            sampling=self.sampling,
+            stop=self.stop,
+            n_probs=self.n_probs,
+            post_sampling_probs=self.post_sampling_probs,
+        )
+
 
 LogitBiasKey = int | str  # a token id, or text whose tokens all get the bias
 
@@ -207,8 +218,8 @@ def resolve_logit_bias(
 
 def _grammar(body: Mapping[str, Any]) -> str | None:
     """`json_schema` (converted to GBNF) or a GBNF `grammar`, as llama-server reads them."""
-    from localfab.engine.grammar import json_schema_to_gbnf
-    from localfab.engine.grammar_limits import GrammarLimitError, check_grammar
+    from localfab.engine.grammar.convert import json_schema_to_gbnf
+    from localfab.engine.grammar.limits import GrammarLimitError, check_grammar
 
     schema = body.get("json_schema")
     if schema is not None and body.get("grammar") is None:

@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any
 
-from localfab.engine.grammar_bounds import (
+from localfab.engine.grammar.bounds import (
     SCHEMA_MAX_DEPTH,
     SCHEMA_MAX_ENUM,
     SCHEMA_MAX_ESTIMATE,

@@ -8,7 +8,7 @@ grammar past `GRAMMAR_MAX_NULLABLE_RUN` or `GRAMMAR_MAX_NULLABLE`.
 
 from __future__ import annotations
 
-from localfab.engine.grammar_bounds import GRAMMAR_MAX_NULLABLE, GRAMMAR_MAX_NULLABLE_RUN, too
+from localfab.engine.grammar.bounds import GRAMMAR_MAX_NULLABLE, GRAMMAR_MAX_NULLABLE_RUN, too
 
 # An element's reach: (lead, trail, through, total). `lead`: nullable elements reachable from its
 # start without consuming a character; `trail`: those reachable backwards from its end; `through`:

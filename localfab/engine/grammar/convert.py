@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from localfab.engine.grammar_limits import GrammarLimitError, check_grammar, check_schema
+from localfab.engine.grammar.limits import GrammarLimitError, check_grammar, check_schema
 from localfab.errors import UsageError
 
 
@@ -37,7 +37,7 @@ def builtin_grammars() -> dict[str, str]:
 def json_schema_to_gbnf(schema: dict[str, Any]) -> str:
     """GBNF accepting exactly the JSON documents `schema` allows; UsageError if unsupported.
 
-    The schema is checked against the limits in `grammar_limits` first (GrammarLimitError), so
+    The schema is checked against the limits in `limits` first (GrammarLimitError), so
     the converter never builds a grammar that is huge or that llama.cpp could not parse.
     """
     check_schema(schema)

@@ -12,8 +12,8 @@ that names the limit instead of a crashed or frozen server.
 The limits leave room for every grammar in llama.cpp's `grammars/` folder and for typical
 structured-output schemas. The checks are single linear passes over input bounded in size.
 
-The limits themselves are in `grammar_bounds`, the count of nullable runs in `grammar_nullables`
-and the JSON-schema checks in `grammar_schema_limits`; all are importable from here.
+The limits themselves are in `bounds`, the count of nullable runs in `nullables`
+and the JSON-schema checks in `schema_limits`; all are importable from here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from localfab.engine.grammar_bounds import (
+from localfab.engine.grammar.bounds import (
     GRAMMAR_MAX_ALTERNATIVES,
     GRAMMAR_MAX_BYTES,
     GRAMMAR_MAX_CLASS,
@@ -44,8 +44,8 @@ from localfab.engine.grammar_bounds import (
     bound,
     too,
 )
-from localfab.engine.grammar_nullables import FIXED, UNKNOWN, Nullables, Reach
-from localfab.engine.grammar_schema_limits import check_schema
+from localfab.engine.grammar.nullables import FIXED, UNKNOWN, Nullables, Reach
+from localfab.engine.grammar.schema_limits import check_schema
 
 __all__ = [
     "GRAMMAR_MAX_ALTERNATIVES",

@@ -45,7 +45,7 @@ def exact_batch(engine: Engine, n_max: int = PROBE_MAX) -> tuple[int, int]:
     """
     if engine.buffers.repacked_bytes:
         n_max = min(n_max, _REPACKED_MAX)
-    kv = engine._kv
+    kv = engine.kv
     n_max = max(1, min(n_max, kv.n_batch))
     # Enough text for the longest verify past ONE_THREAD_CELLS (58 tokens a copy here).
     toks = engine.tokenize(_PROBE_TEXT * (2 + (_PROBE_PAST + n_max) // 50))

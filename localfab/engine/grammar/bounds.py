@@ -1,7 +1,7 @@
 """The limits on GBNF grammars and JSON schemas (one place), and the errors they raise.
 
-Why each limit is where it is: `grammar_limits`, which checks grammars against them;
-`grammar_schema_limits` checks JSON schemas.
+Why each limit is where it is: `limits`, which checks grammars against them;
+`schema_limits` checks JSON schemas.
 """
 
 from __future__ import annotations
