@@ -9,14 +9,15 @@ import time
 from typing import Any
 
 from localfab.engine import Done, SamplingParams, TokenEvent
-from localfab.engine.types import Timings
-from localfab.server.worker import Job, SlotView, Step, _Run
+from localfab.engine.types import GenerationOptions, Timings
+from localfab.server.jobs import Job, JobRun, SlotView, Step
 
 
 def test_the_final_predicted_ms_is_never_below_the_last_per_token_figure() -> None:
     sent: list[Any] = []
-    job = Job(1, [1, 2, 3], 5, SamplingParams.greedy(), (), sent.append, timings_per_token=True)
-    run = _Run(job, [])
+    options = GenerationOptions(max_tokens=5, sampling=SamplingParams.greedy())
+    job = Job(1, [1, 2, 3], options, sent.append, timings_per_token=True)
+    run = JobRun(job, [])
     view = SlotView()
     run.on_token(TokenEvent(10, "a"), view)
     time.sleep(0.01)

@@ -30,11 +30,10 @@ is 403 with no CORS headers (llama-server echoes any Origin with credentials all
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,13 +44,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from localfab.server import completions, info
-from localfab.server.errors import ApiError
-from localfab.server.gate import Gate, KeyCheck
-from localfab.server.model_info import ModelInfo, model_info
-from localfab.server.params import Generation
-from localfab.server.plumbing import not_found, read_json, wrap
+from localfab.server.gate import Gate
+from localfab.server.model_info import model_info
+from localfab.server.plumbing import not_found, wrap
 from localfab.server.settings import ServerSettings
-from localfab.server.worker import EngineWorker, SlotView
+from localfab.server.state import Server
+from localfab.server.worker import EngineWorker
 
 if TYPE_CHECKING:
     from localfab.engine import Engine
@@ -61,102 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["Gate", "Server", "create_app"]
 
 log = logging.getLogger("localfab.server")
-
-# Prompts this long are tokenized in a thread so the event loop keeps answering.
-_TOKENIZE_INLINE_MAX = 32 * 1024
-
-
-class Server:
-    """State shared by the handlers: settings, the engine worker and the model's facts."""
-
-    def __init__(self, worker: EngineWorker, settings: ServerSettings) -> None:
-        self.worker = worker
-        self.settings = settings
-        self.info: ModelInfo | None = None
-        self.key_ok = KeyCheck(settings.api_keys)
-
-    @property
-    def model(self) -> LoadedModel:
-        assert self.worker.model is not None
-        return self.worker.model
-
-    @property
-    def slot_n_ctx(self) -> int:
-        """The context each slot has: -c split over the slots (unless --kv-unified)."""
-        return self.model.engine.n_ctx
-
-    @property
-    def n_processing(self) -> int:
-        return self.worker.n_processing
-
-    async def read_json(self, request: Request) -> dict[str, Any]:
-        """The body as a JSON object, within the size and time limits (see `plumbing`)."""
-        return await read_json(request, self.settings)
-
-    def verbose(self, gen: Generation) -> bool:
-        """Whether answers carry `__verbose` (--verbose, or the request's `verbose`)."""
-        return self.settings.verbose if gen.verbose is None else gen.verbose
-
-    def prompt_text(self, tokens: Sequence[int]) -> str:
-        return self.model.engine.detokenize(tokens, special=True)
-
-    async def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        engine = self.model.engine
-        if len(text) <= _TOKENIZE_INLINE_MAX:
-            return engine.tokenize(text, add_special=add_special, parse_special=parse_special)
-        return await asyncio.to_thread(
-            engine.tokenize, text, add_special=add_special, parse_special=parse_special
-        )
-
-    def check_prompt(self, tokens: list[int]) -> None:
-        engine = self.model.engine
-        if any(not 0 <= t < engine.n_vocab for t in tokens):
-            raise ApiError("Prompt contains invalid tokens")
-        if tokens and len(tokens) >= engine.n_ctx:
-            raise ApiError.exceed_context(len(tokens), engine.n_ctx)
-
-    def check_bias(self, gen: Generation) -> None:
-        n_vocab = self.model.engine.n_vocab
-        for tok, _ in gen.sampling.logit_bias:
-            if not 0 <= tok < n_vocab:
-                raise ApiError(
-                    f"Field 'logit_bias': token id {tok} is out of the vocabulary "
-                    f"(0..{n_vocab - 1})"
-                )
-
-    def slot_json(self, i: int) -> dict[str, Any]:
-        """/slots' entry for slot `i`: its current (or last) task, as llama-server shows it."""
-        slot = self.worker.slots[i] if i < len(self.worker.slots) else SlotView()
-        data: dict[str, Any] = {
-            "id": i,
-            "n_ctx": self.slot_n_ctx,
-            "speculative": self.model.engine.speculation is not None,
-            "is_processing": slot.processing,
-        }
-        if slot.id_task < 0:
-            return data
-        n_remain = -1 if slot.n_predict < 0 else max(slot.n_predict - slot.n_decoded, 0)
-        data.update(
-            {
-                "id_task": slot.id_task,
-                "n_prompt_tokens": slot.n_prompt_tokens,
-                "n_prompt_tokens_processed": slot.n_prompt_tokens_processed,
-                "n_prompt_tokens_cache": slot.n_prompt_tokens_cache,
-                "params": slot.params,
-                "next_token": [
-                    {
-                        "has_next_token": slot.processing,
-                        "has_new_line": slot.has_new_line,
-                        "n_remain": n_remain,
-                        "n_decoded": slot.n_decoded,
-                    }
-                ],
-                "prompt": self.prompt_text(list(slot.prompt)),
-                "generated": slot.generated,
-            }
-        )
-        return data
-
 
 Handler = Callable[["Server", Request], Awaitable[Response]]
 

@@ -27,7 +27,7 @@ from localfab.templates import validate_messages
 
 if TYPE_CHECKING:
     from localfab.engine import Engine
-    from localfab.server.app import Server
+    from localfab.server.state import Server
 
 log = logging.getLogger("localfab.server")
 
@@ -75,17 +75,6 @@ def tokenize_prompt(engine: Engine, prompt: Any) -> list[int]:
         else:
             tokens.append(part)
     return tokens
-
-
-def check_tokens(tokens: Sequence[Any], n_vocab: int) -> None:
-    """Token ids given by a client must be in the vocabulary."""
-    for tok in tokens:
-        if not _is_token(tok) or not 0 <= tok < n_vocab:
-            raise ApiError(
-                f"token id {tok!r} is out of the vocabulary (0..{n_vocab - 1})"
-                if _is_token(tok)
-                else "'tokens' must be an array of token ids"
-            )
 
 
 def _bias_tokenizer(engine: Engine) -> Callable[[str], list[int]]:

@@ -14,8 +14,8 @@ from typing import Any
 
 from localfab.engine.types import Done, TokenProbs
 from localfab.server import shapes
+from localfab.server.jobs import Progress, Step
 from localfab.server.params import Generation
-from localfab.server.worker import Progress, Step
 
 Probs = Sequence[tuple[int, TokenProbs]]
 Detokenize = Callable[[Sequence[int]], str]

@@ -17,7 +17,7 @@ from localfab.server.errors import ApiError
 from localfab.server.plumbing import JSON_TYPE, send_simple
 
 if TYPE_CHECKING:
-    from localfab.server.app import Server
+    from localfab.server.state import Server
 
 log = logging.getLogger("localfab.server")
 

@@ -22,6 +22,7 @@ from localfab.server import shapes
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Dialect
 from localfab.server.errors import ApiError
+from localfab.server.jobs import Job, Progress, Step
 from localfab.server.params import Generation, generation_settings
 from localfab.server.plumbing import (
     DISCONNECTED,
@@ -31,10 +32,9 @@ from localfab.server.plumbing import (
     json_response,
     watch_disconnect,
 )
-from localfab.server.worker import Job, Progress, Step
 
 if TYPE_CHECKING:
-    from localfab.server.app import Server
+    from localfab.server.state import Server
 
 # The most results one request may ask for (prompts x n): each is a queued job.
 MAX_RESULTS = 256
@@ -133,14 +133,10 @@ async def respond(
             job = Job(
                 id=server.worker.next_id(),
                 tokens=prompt.tokens,
-                n_predict=gen.n_predict,
-                sampling=gen.sampling,
-                stop=gen.stop,
+                options=gen.options(),
                 emit=channel.emit,
                 cache_prompt=gen.cache_prompt,
                 n_keep=gen.n_keep,
-                n_probs=gen.n_probs,
-                post_sampling_probs=gen.post_sampling_probs,
                 window=window,
                 params=params,
                 return_progress=gen.return_progress and gen.stream,

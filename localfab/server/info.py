@@ -12,14 +12,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localfab.server import metrics as prom
-from localfab.server.completions import PROMPT_TYPES, check_tokens
+from localfab.server.checks import check_tokens
+from localfab.server.completions import PROMPT_TYPES
 from localfab.server.errors import ApiError
 from localfab.server.params import boolean, generation_settings, parse_generation
 from localfab.server.plumbing import json_response, read_json
 
 if TYPE_CHECKING:
     from localfab.runtime import LoadedModel
-    from localfab.server.app import Server
+    from localfab.server.state import Server
 
 
 async def health(server: Server, request: Request) -> Response:

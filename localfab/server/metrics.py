@@ -3,7 +3,67 @@ meanings (tools/server/server-task.cpp, server_task_result_metrics::to_metrics).
 
 from __future__ import annotations
 
-from localfab.server.worker import Metrics
+import time
+from dataclasses import dataclass, field
+
+from localfab.engine.types import Done
+
+
+@dataclass
+class Metrics:
+    """Counters behind /metrics, named after llama-server's `llamacpp:` series."""
+
+    t_start: float = field(default_factory=time.time)
+    prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0  # busy slots summed over llama_decode() calls
+    n_tokens_max: int = 0
+    draft_tokens_total: int = 0
+    draft_accepted_total: int = 0
+    draft_verifies_total: int = 0
+    # Since the last scrape (llama-server's "bucket" gauges). Generation rates count decode
+    # steps: the first token of a reply comes with the prompt's last batch, so it is left out.
+    bucket_prompt_n: int = 0
+    bucket_prompt_s: float = 0.0
+    bucket_predicted_steps: int = 0
+    bucket_predicted_s: float = 0.0
+
+    def record(self, done: Done, n_batch: int, *, decodes: bool = True) -> None:
+        """Count a finished reply; `decodes`: also the llama_decode calls it took, when one
+        sequence decodes at a time (with parallel slots they are counted per step instead,
+        `record_step`)."""
+        t = done.timings
+        steps = max(t.predicted_n - 1, 0)
+        self.prompt_tokens_total += t.prompt_n
+        self.prompt_tokens_cached_total += t.cache_n
+        self.prompt_seconds_total += t.prompt_ms / 1e3
+        self.tokens_predicted_total += t.predicted_n
+        self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
+        if decodes:
+            n_decode = -(-t.prompt_n // max(n_batch, 1)) + steps
+            self.record_step(n_decode, n_decode)  # one sequence decodes at a time
+        self.n_tokens_max = max(self.n_tokens_max, done.prompt_tokens + t.predicted_n)
+        self.draft_tokens_total += t.draft_n
+        self.draft_accepted_total += t.draft_n_accepted
+        self.draft_verifies_total += t.draft_verifies
+        self.bucket_prompt_n += t.prompt_n
+        self.bucket_prompt_s += t.prompt_ms / 1e3
+        self.bucket_predicted_steps += steps
+        self.bucket_predicted_s += t.predicted_ms / 1e3
+
+    def record_step(self, n_decode: int, n_busy: int) -> None:
+        """`n_decode` llama_decode calls with `n_busy` busy slots summed over them."""
+        self.n_decode_total += n_decode
+        self.n_busy_slots_total += n_busy
+
+    def reset_bucket(self) -> None:
+        self.bucket_prompt_n = self.bucket_predicted_steps = 0
+        self.bucket_prompt_s = self.bucket_predicted_s = 0.0
+
 
 # Prometheus' text format, as llama-server labels it.
 CONTENT_TYPE = "text/plain; version=0.0.4"

@@ -1,41 +1,74 @@
-"""Parallel slots on the engine thread: queued jobs run together, one batch per step.
+"""The server's one runner: queued jobs run on the engine's slots, one batch per step.
 
-With `-np N` (N > 1) the engine's context holds N sequences. The engine thread takes jobs from
-the worker's queue as slots free up: a job goes to the idle slot whose cache shares the longest
-prefix with its prompt (as llama-server does), then every step decodes the next token of every
-running reply together with a chunk of any prompt being processed (`engine.batch`). Calls queued
-for the engine (tokenize, detokenize) run between steps, so they never wait for a reply to end.
-A job whose client went away is stopped within one step and its slot freed.
+With `-np N` the engine's context holds N sequences (one with `-np 1`, run the same way). The
+engine thread takes jobs from the worker's queue as slots free up: a job goes to the idle slot
+whose cache shares the longest prefix with its prompt (as llama-server does), then every step
+decodes the next token of every running reply together with a chunk of any prompt being
+processed (`engine.batch`). Calls queued for the engine (tokenize, detokenize) run between
+steps, so they never wait for a reply to end. A job whose client went away is stopped within
+one step and its slot freed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
+from localfab.energy import Energy, Measurement
 from localfab.engine.batch import BatchDecoder, Slot
-from localfab.engine.types import Done
+from localfab.engine.types import ContextFull, Done
 from localfab.errors import LocalfabError
 from localfab.ledger import TokenClock
 from localfab.server.errors import api_error
-from localfab.server.worker import (
-    _STOP,
+from localfab.server.jobs import (
     Job,
+    JobRun,
     SlotView,
-    _cancelled,
-    _Run,
+    cancelled_result,
     empty_result,
     prompt_only,
 )
+from localfab.server.metrics import Metrics
 
 if TYPE_CHECKING:
-    from localfab.server.worker import EngineWorker
+    from localfab.engine import Engine
+    from localfab.ledger import LedgerWriter
+    from localfab.runtime import LoadedModel
 
 log = logging.getLogger("localfab.server")
 
-__all__ = ["SlotRunner"]
+__all__ = ["STOP", "JobQueue", "SlotRunner"]
+
+#: Queued by the worker to end the runner.
+STOP = object()
+
+
+class JobQueue(Protocol):
+    """What the runner needs of the worker that feeds it (`worker.EngineWorker`)."""
+
+    ledger: LedgerWriter | None
+    metrics: Metrics
+    slots: list[SlotView]
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def take(self, block: bool) -> Any: ...
+
+    def run_call(self, item: tuple[Callable[[LoadedModel], Any], Any]) -> None: ...
+
+    def finished(self, job: Job) -> None: ...
+
+    def shifter(self, job: Job) -> ContextFull | None: ...
+
+    def measurement(self) -> Measurement | None: ...
+
+    def record(
+        self, job: Job, done: Done, clock: TokenClock | None, energy: Energy | None
+    ) -> None: ...
 
 
 @dataclass(eq=False)
@@ -43,18 +76,19 @@ class _Active:
     """A job running on a slot, and its bookkeeping."""
 
     job: Job
-    run: _Run
+    run: JobRun
     view: SlotView
     evaluated: int = 0  # prompt tokens in the cache at the last progress report
+    # The reply's energy, measured while it is the only one running (one slot).
+    measurement: Measurement | None = None
 
 
 class SlotRunner:
-    """Runs the worker's jobs on the engine's parallel slots until the worker stops."""
+    """Runs the worker's jobs on the engine's slots until the worker stops."""
 
-    def __init__(self, worker: EngineWorker, n_slots: int) -> None:
-        assert worker.model is not None
+    def __init__(self, worker: JobQueue, engine: Engine, n_slots: int) -> None:
         self.worker = worker
-        self.engine = worker.model.engine
+        self.engine = engine
         self.decoder = BatchDecoder(self.engine, n_slots)
         self.waiting: deque[Job] = deque()
         self.active: dict[int, _Active] = {}
@@ -69,9 +103,11 @@ class SlotRunner:
                     self._step()
         finally:
             for job in self.waiting:
-                job.emit(_cancelled(len(job.tokens)))
+                job.emit(cancelled_result(len(job.tokens)))
             for act in self.active.values():
-                act.job.emit(_cancelled(len(act.job.tokens)))
+                if act.measurement is not None:
+                    act.measurement.__exit__(None, None, None)
+                act.job.emit(cancelled_result(len(act.job.tokens)))
                 self.worker.finished(act.job)
             self.decoder.close()
 
@@ -83,7 +119,7 @@ class SlotRunner:
             item = self.worker.take(block)
             if item is None:
                 return True
-            if item is _STOP:
+            if item is STOP:
                 return False
             if isinstance(item, tuple):
                 self.worker.run_call(item)
@@ -97,7 +133,7 @@ class SlotRunner:
         for job in list(self.waiting):
             if job.cancel.is_set() or self.worker.stopping:
                 self.waiting.remove(job)
-                self._answer(job, _cancelled(len(job.tokens)))
+                self._answer(job, cancelled_result(len(job.tokens)))
                 continue
             if not job.tokens:
                 self.waiting.remove(job)
@@ -159,8 +195,8 @@ class SlotRunner:
             kv.align_to(job.tokens)
         view = SlotView.for_job(job)
         clock = TokenClock() if self.worker.ledger is not None else None
-        run = _Run(job, kv.cached, clock=clock)
-        opts = job.options(self.worker.shifter(job))
+        run = JobRun(job, kv.cached, clock=clock)
+        opts = replace(job.options, on_context_full=self.worker.shifter(job))
         if leader is None:
             self.decoder.start(slot, job.tokens, opts)
         else:
@@ -168,6 +204,10 @@ class SlotRunner:
             run.cache = len(job.tokens)
         self.worker.slots[slot.id] = view
         act = _Active(job, run, view, evaluated=slot.n_evaluated)
+        if len(self.decoder.slots) == 1:  # one reply at a time: its energy is its own
+            act.measurement = self.worker.measurement()
+            if act.measurement is not None:
+                act.measurement.__enter__()
         self.active[slot.id] = act
         if job.return_progress:
             run.progress(run.cache)
@@ -236,13 +276,21 @@ class SlotRunner:
         act.view.n_prompt_tokens_processed = done.timings.prompt_n
         act.view.n_prompt_tokens_cache = done.timings.cache_n
         act.view.generated = "".join(act.run.parts)
+        energy = None
+        if act.measurement is not None:  # ended by `_close`
+            energy = act.measurement.energy
+            if energy.joules is not None:
+                timings = replace(done.timings, energy_j=energy.joules, energy_source=energy.source)
+                done = replace(done, timings=timings)
         self.worker.metrics.record(done, self.engine.n_batch, decodes=False)
         self._answer(act.job, done)
-        self.worker.record(act.job, done, act.run.clock, None)
+        self.worker.record(act.job, done, act.run.clock, energy)
 
     def _close(self, slot_id: int) -> _Active:
         act = self.active.pop(slot_id)
         act.view.processing = False
+        if act.measurement is not None:
+            act.measurement.__exit__(None, None, None)
         return act
 
     def _answer(self, job: Job, done: Done) -> None:

@@ -1,0 +1,107 @@
+"""What the handlers share: settings, the engine worker, the model's facts (`Server`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+
+from localfab.server.checks import check_bias, check_prompt
+from localfab.server.gate import KeyCheck
+from localfab.server.jobs import SlotView
+from localfab.server.model_info import ModelInfo
+from localfab.server.params import Generation
+from localfab.server.plumbing import read_json
+from localfab.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from localfab.runtime import LoadedModel
+    from localfab.server.worker import EngineWorker
+
+# Prompts this long are tokenized in a thread so the event loop keeps answering.
+_TOKENIZE_INLINE_MAX = 32 * 1024
+
+
+class Server:
+    """State shared by the handlers: settings, the engine worker and the model's facts."""
+
+    def __init__(self, worker: EngineWorker, settings: ServerSettings) -> None:
+        self.worker = worker
+        self.settings = settings
+        self.info: ModelInfo | None = None
+        self.key_ok = KeyCheck(settings.api_keys)
+
+    @property
+    def model(self) -> LoadedModel:
+        assert self.worker.model is not None
+        return self.worker.model
+
+    @property
+    def slot_n_ctx(self) -> int:
+        """The context each slot has: -c split over the slots (unless --kv-unified)."""
+        return self.model.engine.n_ctx
+
+    @property
+    def n_processing(self) -> int:
+        return self.worker.n_processing
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        """The body as a JSON object, within the size and time limits (see `plumbing`)."""
+        return await read_json(request, self.settings)
+
+    def verbose(self, gen: Generation) -> bool:
+        """Whether answers carry `__verbose` (--verbose, or the request's `verbose`)."""
+        return self.settings.verbose if gen.verbose is None else gen.verbose
+
+    def prompt_text(self, tokens: Sequence[int]) -> str:
+        return self.model.engine.detokenize(tokens, special=True)
+
+    async def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        engine = self.model.engine
+        if len(text) <= _TOKENIZE_INLINE_MAX:
+            return engine.tokenize(text, add_special=add_special, parse_special=parse_special)
+        return await asyncio.to_thread(
+            engine.tokenize, text, add_special=add_special, parse_special=parse_special
+        )
+
+    def check_prompt(self, tokens: list[int]) -> None:
+        engine = self.model.engine
+        check_prompt(tokens, engine.n_vocab, engine.n_ctx)
+
+    def check_bias(self, gen: Generation) -> None:
+        check_bias(gen.sampling, self.model.engine.n_vocab)
+
+    def slot_json(self, i: int) -> dict[str, Any]:
+        """/slots' entry for slot `i`: its current (or last) task, as llama-server shows it."""
+        slot = self.worker.slots[i] if i < len(self.worker.slots) else SlotView()
+        data: dict[str, Any] = {
+            "id": i,
+            "n_ctx": self.slot_n_ctx,
+            "speculative": self.model.engine.speculation is not None,
+            "is_processing": slot.processing,
+        }
+        if slot.id_task < 0:
+            return data
+        n_remain = -1 if slot.n_predict < 0 else max(slot.n_predict - slot.n_decoded, 0)
+        data.update(
+            {
+                "id_task": slot.id_task,
+                "n_prompt_tokens": slot.n_prompt_tokens,
+                "n_prompt_tokens_processed": slot.n_prompt_tokens_processed,
+                "n_prompt_tokens_cache": slot.n_prompt_tokens_cache,
+                "params": slot.params,
+                "next_token": [
+                    {
+                        "has_next_token": slot.processing,
+                        "has_new_line": slot.has_new_line,
+                        "n_remain": n_remain,
+                        "n_decoded": slot.n_decoded,
+                    }
+                ],
+                "prompt": self.prompt_text(list(slot.prompt)),
+                "generated": slot.generated,
+            }
+        )
+        return data
