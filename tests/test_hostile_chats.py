@@ -81,7 +81,7 @@ def test_out_of_range_numbers_are_clamped(case: str, history: History) -> None:
 def test_a_chat_stored_with_an_impossible_time_exports_as_markdown(history: History) -> None:
     """Stored by an older import: the Markdown export says the time is unknown."""
     sid = import_json(history, export())
-    with history._write() as db:
+    with history.write() as db:
         db.execute("UPDATE sessions SET created = 1e308 WHERE id = ?", (sid,))
     assert "- Started: unknown" in export_markdown(history, sid)
 
@@ -189,7 +189,7 @@ async def test_the_app_exports_a_chat_stored_with_an_impossible_time(
     """A chat an older import stored with `created` 1e308: Markdown says 'unknown' (the export
     ended the app in time.localtime)."""
     sid = import_json(history, export())
-    with history._write() as db:
+    with history.write() as db:
         db.execute("UPDATE sessions SET created = 1e308 WHERE id = ?", (sid,))
     out = tmp_path / "out.md"
     app, _ = build_app(history)

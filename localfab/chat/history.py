@@ -138,7 +138,7 @@ class History:
         self.mark_interrupted()
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, holding SQLite's write lock from its first statement.
 
         `BEGIN IMMEDIATE` takes the lock up front (waiting up to the busy timeout for another
@@ -154,9 +154,15 @@ class History:
                 raise
             self._db.execute("COMMIT")
 
+    @contextlib.contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """The shared connection, to read from while no other thread uses it."""
+        with self._lock:
+            yield self._db
+
     def _migrate(self) -> None:
         for i in range(self.schema_version, len(MIGRATIONS)):
-            with self._write() as db:
+            with self.write() as db:
                 # Another process may have migrated while this one waited for the lock.
                 if int(db.execute("PRAGMA user_version").fetchone()[0]) != i:
                     continue
@@ -269,7 +275,7 @@ class History:
 
     def create_session(self, *, model: str, system: str | None = None) -> int:
         now = time.time()
-        with self._write() as db:
+        with self.write() as db:
             cur = db.execute(
                 "INSERT INTO sessions (created, updated, model, system) VALUES (?, ?, ?, ?)",
                 (now, now, model, system),
@@ -330,7 +336,7 @@ class History:
         Below the message, the path follows the versions chosen last, so a branch left earlier
         comes back as it was.
         """
-        with self._write() as db:
+        with self.write() as db:
             row = db.execute("SELECT session_id FROM messages WHERE id=?", (message_id,)).fetchone()
             if row is None:
                 raise UsageError(f"there is no chat message {message_id}: reopen the chat")
@@ -375,7 +381,7 @@ class History:
         now = time.time()
         message_id = 0
         try:
-            with self._write() as db:
+            with self.write() as db:
                 seq = db.execute(
                     "SELECT COALESCE(MAX(seq), -1) + 1 FROM messages WHERE session_id=?",
                     (session_id,),
@@ -456,7 +462,7 @@ class History:
         title = title.strip()[:80]
         if not title:
             raise UsageError("a chat's title cannot be empty")
-        with self._write() as db:
+        with self.write() as db:
             cur = db.execute(
                 "UPDATE sessions SET title=?, updated=? WHERE id=?",
                 (title, time.time(), session_id),
@@ -466,7 +472,7 @@ class History:
 
     def delete_session(self, session_id: int) -> DeletedSession:
         """Delete a session and its messages; returns what `restore_session` needs to undo it."""
-        with self._write() as db:
+        with self.write() as db:
             return delete_rows(db, session_id, self._reply_locks)
 
     def restore_session(self, deleted: DeletedSession) -> int:
@@ -474,7 +480,7 @@ class History:
 
         It keeps its id unless a newer session took it meanwhile; then it gets a new one.
         """
-        with self._write() as db:
+        with self.write() as db:
             return restore_rows(db, deleted)
 
     # --- search --------------------------------------------------------------------------------

@@ -70,15 +70,13 @@ def export_markdown(history: History, session_id: int) -> str:
 def export_json(history: History, session_id: int) -> str:
     """A session as JSON, every version of every message, that `import_json` reads back."""
     session = _stored(history, session_id)
-    with history._lock:
-        rows = history._db.execute(
+    with history.read() as db:
+        rows = db.execute(
             "SELECT id, parent_id, role, content, status, continues, created, updated "
             "FROM messages WHERE session_id=? ORDER BY seq",
             (session_id,),
         ).fetchall()
-        leaf = history._db.execute(
-            "SELECT leaf_id FROM sessions WHERE id=?", (session_id,)
-        ).fetchone()[0]
+        leaf = db.execute("SELECT leaf_id FROM sessions WHERE id=?", (session_id,)).fetchone()[0]
     place = {row[0]: i for i, row in enumerate(rows)}
     fields = ("role", "content", "status", "continues", "created", "updated")
     messages = []
@@ -217,7 +215,7 @@ def import_json(history: History, text: str) -> int:
     model = text_or_none(session.get("model")) or "imported"
     created = _time(session.get("created"), now)
     current = _current(session, len(rows), version)
-    with history._write() as db:
+    with history.write() as db:
         cur = db.execute(
             "INSERT INTO sessions (created, updated, model, system, title) VALUES (?, ?, ?, ?, ?)",
             (

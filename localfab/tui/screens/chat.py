@@ -44,12 +44,12 @@ from localfab.tui.backend import (
 from localfab.tui.clipboard import system_copy
 from localfab.tui.pacing import FramePacer, StreamingGC, cpu_share_for, max_interval_for
 from localfab.tui.screens.chat_parts import (
-    _END,
+    STREAM_END,
     InboxItem,
     ReplyFailed,
     ReplyJob,
     ReportsWindow,
-    _End,
+    StreamEnd,
     merge_continued,
     reply_footer,
     shown_index,
@@ -359,7 +359,7 @@ class ChatScreen(SessionActions, VersionActions):
         except Exception as exc:  # shown on the reply; the chat goes on
             inbox.append(ReplyFailed(f"{type(exc).__name__}: {exc}"))
         finally:
-            inbox.append(_END)
+            inbox.append(STREAM_END)
             self.post_message(wake())
 
     @on(InboxWoke)
@@ -458,7 +458,7 @@ class ChatScreen(SessionActions, VersionActions):
                 await view.end_stream()
                 view.set_footer(f"✗ {item.reason}", kind="failed")
             self.notify(item.reason, title="Reply failed", severity="error", timeout=8)
-        elif isinstance(item, _End):
+        elif isinstance(item, StreamEnd):
             self.label_new_messages()
             self.replies_finished += 1
             self.streaming = False

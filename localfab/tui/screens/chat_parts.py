@@ -28,12 +28,12 @@ class ReplyFailed:
     reason: str
 
 
-class _End:
+class StreamEnd:
     """The worker is done with this reply."""
 
 
-_END = _End()
-InboxItem = ReplyEvent | ReplyFailed | _End
+STREAM_END = StreamEnd()
+InboxItem = ReplyEvent | ReplyFailed | StreamEnd
 
 
 @runtime_checkable
