@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import llama_cpp as lc
@@ -32,7 +31,8 @@ from localfab.engine.reply import (
     new_sampler,
     post_sampling,
 )
-from localfab.engine.spec import Drafter, ModelDraft, NgramDraft, SpecCosts, Tuner, propose
+from localfab.engine.slots import Slot, SlotEvents, SlotReply, choose_slot
+from localfab.engine.spec.slots import SlotSpec, SlotSpeculation
 from localfab.engine.types import (
     Done,
     FinishReason,
@@ -44,66 +44,8 @@ from localfab.errors import ContextOverflow, LocalfabError
 
 if TYPE_CHECKING:
     from localfab.engine.llama import Engine
-    from localfab.engine.spec import Speculator
 
-__all__ = ["BatchDecoder", "Slot", "SlotEvents"]
-
-# A cached prefix this share of the new prompt (or more) sends it to that slot; below it the
-# least recently used idle slot is taken (llama-server's --slot-prompt-similarity default).
-PROMPT_SIMILARITY = 0.1
-
-
-@dataclass(eq=False)
-class _Spec:
-    """A reply's speculation on its slot: the drafter, the tuner and what was drafted."""
-
-    drafter: Drafter
-    tuner: Tuner
-    n_pushed: int = 0  # generated tokens the drafter has seen
-    drafts: list[int] = field(default_factory=list)  # in this step's batch after the pending
-    guess: int = -1  # a free one-token guess made while not drafting (-1: none)
-
-
-@dataclass(eq=False)
-class SlotReply:
-    """One reply on a slot: its prompt and how far it is; its tokens are `state`'s."""
-
-    prompt: list[int]
-    todo: list[int]  # prompt tokens not evaluated yet
-    state: ReplyState  # the token step, as on every path
-    pending: int = -1  # the sampled token the next step decodes; -1 while the prompt runs
-    leader: Slot | None = None  # a follower's: the slot whose prompt cells it copies
-    spec: _Spec | None = None  # speculative decoding, when the engine has it on
-
-
-@dataclass(eq=False)
-class Slot:
-    """One KV sequence and the reply it is running (None: idle)."""
-
-    id: int
-    kv: KVCache
-    reply: SlotReply | None = None
-    last_used: float = 0.0
-
-    @property
-    def busy(self) -> bool:
-        return self.reply is not None
-
-    @property
-    def n_evaluated(self) -> int:
-        """Prompt tokens in the cache so far (prompt progress)."""
-        r = self.reply
-        return 0 if r is None else len(r.prompt) - len(r.todo)
-
-
-@dataclass(frozen=True)
-class SlotEvents:
-    """What one step gave a slot: its new token and, if the reply ended, its Done; or the
-    error that ended it (the slot is idle again either way once the reply is over)."""
-
-    slot: Slot
-    events: tuple[TokenEvent | Done, ...] = ()
-    error: LocalfabError | None = None
+__all__ = ["BatchDecoder", "Slot", "SlotEvents"]  # the slot types are `slots`'s
 
 
 class BatchDecoder:
@@ -136,17 +78,8 @@ class BatchDecoder:
         self.n_busy = 0  # busy slots summed over those calls
         # Speculative decoding per slot, when the engine has it on: each reply drafts from its
         # own history (or in its own sequence of the draft model) and verifies in the step.
-        self.speculator: Speculator | None = engine.speculator
-        self.spec_costs = SpecCosts()  # what a step costs, with and without drafts
-        self._draft_kv: dict[int, KVCache] = {}  # the draft model's sequence of each slot
-        draft = self.speculator.draft_engine if self.speculator is not None else None
-        if draft is not None:
-            self._draft_kv[0] = draft.kv
-            for i in range(1, min(n, draft.n_seq_max)):
-                self._draft_kv[i] = KVCache(
-                    draft.ctx, draft.n_ctx, draft.n_batch, draft.n_vocab, seq=i, shared=True
-                )
-                self._draft_kv[i].clear()
+        sp = engine.speculator
+        self.spec = SlotSpeculation(sp, n) if sp is not None else None
 
     def close(self) -> None:
         """Free the batch and every slot's buffers but slot 0's (the engine's own)."""
@@ -156,10 +89,8 @@ class BatchDecoder:
             slot.reply = None
         for slot in self.slots[1:]:
             slot.kv.free()
-        for i, kv in self._draft_kv.items():
-            if i:
-                kv.free()
-        self._draft_kv.clear()
+        if self.spec is not None:
+            self.spec.close()
         if self._batch is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
@@ -174,27 +105,8 @@ class BatchDecoder:
         return [s for s in self.slots if s.reply is None]
 
     def pick(self, prompt: Sequence[int]) -> Slot | None:
-        """The idle slot for `prompt`; None when all are busy.
-
-        As llama-server: the slot whose cache shares the longest prefix with it, when that is
-        a fair share of the prompt (and more than the BOS), else the least recently used. One
-        guard more: a prefix under half the prompt is taken only when it saves at least as
-        many tokens as it throws away of that slot's cache, so a short prompt that shares a
-        word or two with a cached conversation does not evict it.
-        """
-        idle = self.idle()
-        if not idle:
-            return None
-        lru = min(idle, key=lambda s: s.last_used)
-        best = max(idle, key=lambda s: s.kv.common_prefix(prompt))
-        lcp = best.kv.common_prefix(prompt)
-        if lcp <= 1 or lcp < PROMPT_SIMILARITY * len(prompt):
-            return lru
-        if 2 * lcp >= len(prompt):
-            return best
-        saved = lcp - lru.kv.common_prefix(prompt)
-        lost = len(best.kv.cached) - lcp
-        return best if saved >= lost else lru
+        """The idle slot for `prompt`; None when all are busy (see `slots.choose_slot`)."""
+        return choose_slot(self.idle(), prompt)
 
     @staticmethod
     def touch(slot: Slot) -> None:
@@ -216,24 +128,12 @@ class BatchDecoder:
         slot.reply = reply
         slot.last_used = state.t_start
 
-    def _new_spec(self, slot: Slot, opts: GenerationOptions, prompt: list[int]) -> _Spec | None:
-        """The reply's speculation: none when the engine has it off, for a reply that reports
-        post-sampling probabilities (as `Engine.stream`), or for a slot beyond the draft
-        model's sequences."""
-        sp = self.speculator
-        if sp is None or post_sampling(opts):
+    def _new_spec(self, slot: Slot, opts: GenerationOptions, prompt: list[int]) -> SlotSpec | None:
+        """The reply's speculation: none when the engine has it off or for a reply that
+        reports post-sampling probabilities (as `Engine.stream`)."""
+        if self.spec is None or post_sampling(opts):
             return None
-        drafter: Drafter
-        if sp.draft_engine is None:
-            drafter = NgramDraft()
-        elif slot.id in self._draft_kv:
-            drafter = ModelDraft(sp.draft_engine, sp.settings.draft_p_min, self._draft_kv[slot.id])
-        else:
-            return None
-        drafter.reset(prompt)
-        s = sp.settings
-        tuner = Tuner(self.spec_costs, adaptive=s.adaptive, k_max=s.max_draft, cheap=drafter.cheap)
-        return _Spec(drafter, tuner)
+        return self.spec.new(slot.id, prompt)
 
     def follow(self, slot: Slot, leader: Slot, opts: GenerationOptions) -> None:
         """Begin a reply on `slot` with `leader`'s prompt, evaluated once: the leader's cells
@@ -290,7 +190,9 @@ class BatchDecoder:
                 # room is kept for one token of every other slot.
                 t0 = time.perf_counter()
                 room = 0 if self._no_drafts else self.n_batch - n - len(self.slots)
-                drafts = self._draft(slot, r, r.spec, room)
+                assert self.spec is not None
+                state = r.state
+                drafts = self.spec.draft(r.spec, state.generated, kv, room, state.opts.max_tokens)
                 self._draft_s += time.perf_counter() - t0
                 for j, tok in enumerate(drafts):
                     self._put(batch, n + j, tok, pos + 1 + j, slot.id, True)
@@ -323,30 +225,6 @@ class BatchDecoder:
         batch.n_tokens = n
         return rows, chunks
 
-    def _draft(self, slot: Slot, r: SlotReply, sp: _Spec, room: int) -> list[int]:
-        """The tokens to verify after the slot's pending one (as `Speculator.run` drafts)."""
-        assert self.speculator is not None
-        s = self.speculator.settings
-        generated = r.state.generated
-        for tok in generated[sp.n_pushed :]:
-            sp.drafter.push(tok)
-        sp.n_pushed = len(generated)
-        kv = slot.kv
-        n = len(kv.cached)
-        room = min(room, kv.n_ctx - n - 1, self.speculator.limit(n) - 1)
-        max_tokens = r.state.opts.max_tokens
-        if max_tokens > 0:
-            room = min(room, max_tokens - len(generated) - 1)
-        drafts = propose(sp.tuner, sp.drafter, min(room, s.max_draft))
-        if len(drafts) < max(s.draft_min, 1):
-            drafts = []
-        sp.guess = -1
-        if not drafts and sp.drafter.cheap and s.adaptive:
-            guess = sp.drafter.draft(1)
-            sp.guess = guess[0] if guess else -1
-        sp.drafts = drafts
-        return drafts
-
     @staticmethod
     def _put(batch: Any, i: int, tok: int, pos: int, seq: int, logits: bool) -> None:
         batch.token[i] = tok
@@ -372,14 +250,11 @@ class BatchDecoder:
             self._failed(rc, busy, before, out)
             return
         self._no_drafts = False
-        if self.speculator is not None and not chunks:
+        if self.spec is not None and not chunks:
             # What a step costs, for the tuners: with no prompt in it, the generating slots'
             # tokens and whatever they drafted.
             n_draft = sum(len(s.reply.spec.drafts) for s, _ in rows if s.reply and s.reply.spec)
-            if n_draft:
-                self.spec_costs.took_verify(seconds, n_draft)
-            else:
-                self.spec_costs.took_one(seconds)
+            self.spec.took(seconds, n_draft)
         # The cache mirrors: what each slot's sequence gained in this batch.
         seq_id, token = batch.seq_id, batch.token
         slots = self.slots
@@ -413,7 +288,7 @@ class BatchDecoder:
                 self._release(slot)
             return SlotEvents(slot, error=exc)
 
-    def _verify(self, slot: Slot, r: SlotReply, sp: _Spec, row: int, n0: int) -> SlotEvents:
+    def _verify(self, slot: Slot, r: SlotReply, sp: SlotSpec, row: int, n0: int) -> SlotEvents:
         """Sample at the pending token's row and at each drafted token's while the draft holds
         (as `Speculator._verify`); the cells of the drafted tokens not kept leave the cache.
         Without a draft this is the plain sample, and a free guess is scored."""

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localfab.energy import Energy, Measurement
-from localfab.engine.batch import BatchDecoder, Slot
+from localfab.engine.batch import BatchDecoder
+from localfab.engine.slots import Slot
 from localfab.engine.types import ContextFull, Done
 from localfab.errors import LocalfabError
 from localfab.ledger import TokenClock

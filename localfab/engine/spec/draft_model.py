@@ -13,7 +13,6 @@ if TYPE_CHECKING:
 
 def load_draft(path: str, target: Engine, n_gpu_layers: int | None) -> Engine:
     """Load the draft model for `target`; ModelError/UsageError when it cannot draft for it."""
-    from localfab.engine.llama import Engine
     from localfab.engine.types import EngineSettings
     from localfab.errors import UsageError
     from localfab.units import format_bytes
@@ -33,7 +32,7 @@ def load_draft(path: str, target: Engine, n_gpu_layers: int | None) -> Engine:
         swa_full=True,
         warmup=s.warmup,
     )
-    draft = Engine(path, settings)
+    draft = type(target)(path, settings)  # an Engine, without importing the handle's module
     try:
         check_vocab(draft, target)
         if draft.size > target.size:
