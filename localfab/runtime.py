@@ -15,7 +15,7 @@ from localfab.errors import LocalfabError, UsageError
 if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
     from localfab.engine import Engine
-    from localfab.hardware import Machine
+    from localfab.machine.probes import Machine
     from localfab.plan import Plan, Wishes
 
 log = logging.getLogger("localfab.runtime")
@@ -98,14 +98,14 @@ def engine_backend_info() -> Mapping[str, Any]:
 
 def probe_this_machine() -> Machine:
     """This machine, with the backends the installed llama-cpp-python was built for."""
-    from localfab.hardware import probe_machine
+    from localfab.machine.probes import probe_machine
 
     return probe_machine(backend_info=engine_backend_info)
 
 
 def plan_for(path: Path, wishes: Wishes) -> tuple[Plan, Machine]:
     """Plan the load of `path` on this machine."""
-    from localfab.facts import read_facts
+    from localfab.gguf.facts import read_facts
     from localfab.plan import plan
 
     machine = probe_this_machine()
@@ -167,7 +167,7 @@ class ModelChoice:
             return spec, None
         if spec.n_gpu_layers_draft is not None:
             return spec, None  # the user's -ngld stands
-        from localfab.facts import read_facts
+        from localfab.gguf.facts import read_facts
         from localfab.plan.draft import plan_draft
 
         path = Path(spec.model_draft)
@@ -323,3 +323,45 @@ def load_model(
             "was trained on; answers may degrade past that"
         )
     return LoadedModel(engine=engine, prompts=prompts, path=path, notices=notices)
+
+
+class FitJudge:
+    """Short fit verdicts ("GPU 8k", "20/29 GPU 4k", "CPU 8k", "too big") from the planner.
+
+    The machine is probed once, on first use. A verdict is a nicety: if the planner, the probes
+    or a header fail, the verdict is None and `localfab list` still works.
+    """
+
+    def __init__(self) -> None:
+        self._machine: Any = None
+        self._probed = False
+
+    def machine(self) -> Any:
+        if not self._probed:
+            self._probed = True
+            try:
+                self._machine = probe_this_machine()
+            except Exception:  # noqa: BLE001 - no verdicts rather than no list
+                self._machine = None
+        return self._machine
+
+    def __call__(self, path: Path) -> str | None:
+        result = self.plan(path)
+        from localfab.plan.summary import summarise_plan
+
+        return None if result is None else summarise_plan(result)
+
+    def plan(self, path: Path) -> Any:
+        """The planner's `Plan` for the file on this machine, or None."""
+        try:
+            from localfab.gguf.facts import read_facts
+            from localfab.plan import Wishes, plan
+        except ImportError:
+            return None
+        machine = self.machine()
+        if machine is None:
+            return None
+        try:
+            return plan(read_facts(path), machine, Wishes())
+        except Exception:  # noqa: BLE001 - see the class docstring
+            return None

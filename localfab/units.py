@@ -5,6 +5,7 @@ Imported by the CLI before any command runs, so it imports nothing heavy.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, get_args
 
@@ -96,3 +97,22 @@ def usage(prompt_tokens: int, completion: int, *, cached: int | None = None) -> 
     if cached is not None:
         result["prompt_tokens_details"] = {"cached_tokens": cached}
     return result
+
+
+def human_size(n: int | None) -> str:
+    """`4.36 GiB`, `812.0 MiB`, `-` for unknown."""
+    return "-" if n is None else format_bytes(n, precise=True)
+
+
+def human_age(ts: float | None, *, now: float | None = None) -> str:
+    """`just now`, `5 min ago`, `3 h ago`, `2 days ago`, `never`."""
+    if ts is None:
+        return "never"
+    age = max((time.time() if now is None else now) - ts, 0)
+    if age < 60:
+        return "just now"
+    if age < 3600:
+        return f"{int(age // 60)} min ago"
+    if age < 86400:
+        return f"{int(age // 3600)} h ago"
+    return f"{int(age // 86400)} days ago"

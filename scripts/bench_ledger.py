@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SAMPLE_S = 0.1  # localfab.energy.SAMPLE_INTERVAL_S, printed with the sampler's cost
+SAMPLE_S = 0.1  # localfab.machine.energy.SAMPLE_INTERVAL_S, printed with the sampler's cost
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 
@@ -60,7 +60,7 @@ def _reply(
     engine: Any, tokens: list[int], n_gen: int, on: dict[str, Any] | None
 ) -> dict[str, float]:
     from localfab.engine import Done, SamplingParams
-    from localfab.ledger import TokenClock, build_row
+    from localfab.ledger.writer import TokenClock, build_row
 
     sampling = SamplingParams(temperature=0.0, ignore_eos=True)
     engine.clear_cache()
@@ -106,8 +106,8 @@ def overhead(probes: list[Any], seconds: float = 2.0) -> dict[str, float]:
     """The "on" path's own cost, measured apart from decoding (which is noisy on a shared
     machine): nanoseconds per token of the token clock, and the share of one core the sampler
     thread keeps busy."""
-    from localfab.energy import SAMPLE_INTERVAL_S, _Sampler
-    from localfab.ledger import TokenClock
+    from localfab.ledger.writer import TokenClock
+    from localfab.machine.energy import SAMPLE_INTERVAL_S, _Sampler
 
     clock = TokenClock()
     tick, now = clock.tick, time.perf_counter
@@ -135,9 +135,9 @@ def overhead(probes: list[Any], seconds: float = 2.0) -> dict[str, float]:
 
 
 def cmd_ledger(args: argparse.Namespace) -> dict[str, Any]:
-    from localfab.energy import EnergyMeter, survey
     from localfab.engine import Engine, EngineSettings
-    from localfab.ledger import Ledger
+    from localfab.ledger.writer import Ledger
+    from localfab.machine.energy import EnergyMeter, survey
 
     path = _model(args.model)
     settings = EngineSettings(n_ctx=1024, n_threads=args.threads or 0)

@@ -3,7 +3,7 @@
 
 Online, each entry's GGUF header is read on the hub (only the header, by ranged requests, as
 `localfab plan OWNER/REPO` does; `HF_ENDPOINT` and `HF_TOKEN` apply) and summarised
-(`localfab.facts_summary`): hyperparameters and the tensor table, a few kB a model. Such an
+(`localfab.gguf.summary`): hyperparameters and the tensor table, a few kB a model. Such an
 entry says `"source": "header"`.
 
 With `--from-configs`, a model whose header cannot be read gets facts built from its published
@@ -29,10 +29,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from localfab.catalog import CatalogEntry, load_catalog  # noqa: E402
 from localfab.errors import LocalfabError  # noqa: E402
-from localfab.facts import read_facts  # noqa: E402
-from localfab.facts_summary import summarize  # noqa: E402
+from localfab.gguf.facts import read_facts  # noqa: E402
+from localfab.gguf.summary import summarize  # noqa: E402
+from localfab.store.catalog import CatalogEntry, load_catalog  # noqa: E402
 
 OUT = ROOT / "models" / "catalog_facts.json"
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = [e for e in load_catalog() if not args.only or e.name in args.only]
     models = build(entries, configs=args.from_configs)
     document = {
-        "_about": "Header facts of the catalog's models (localfab.facts_summary), for fits "
+        "_about": "Header facts of the catalog's models (localfab.gguf.summary), for fits "
         "before download without the network. Written by scripts/catalog_facts.py; 'source' "
         "says whether each came from the file's header or from its published config.",
         "models": dict(sorted(models.items())),

@@ -10,7 +10,7 @@ import pytest
 
 from localfab.commands.benchmark import DepthResult, chart, parse_depths
 from localfab.errors import UsageError
-from localfab.ledger import Ledger
+from localfab.ledger.writer import Ledger
 from tests.conftest import LOCALFAB
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from localfab import resources
-from localfab.catalog import CatalogError, load_catalog
 from localfab.store import quant_from_name
+from localfab.store.catalog import CatalogError, load_catalog
 
 
 def test_catalog_has_at_least_twelve_complete_entries() -> None:

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from localfab.catalog import load_catalog
-from localfab.facts import ModelFacts, read_facts
-from localfab.facts_summary import catalog_facts, facts_from_summary, summarize
-from localfab.hardware import load_model_specs, machine_from_profile_name
+from localfab.gguf.facts import ModelFacts, read_facts
+from localfab.gguf.summary import catalog_facts, facts_from_summary, summarize
+from localfab.machine.probes import load_model_specs, machine_from_profile_name
 from localfab.plan import Wishes, plan
+from localfab.store.catalog import load_catalog
 from tests.gguf_fixtures import build_header, synthetic_model, write_sparse
 from tests.hf_server import FakeHub
 

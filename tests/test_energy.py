@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from localfab import energy
-from localfab.energy import EnergyMeter, ProbeError, survey
+from localfab.machine import energy
+from localfab.machine.energy import EnergyMeter, ProbeError, survey
 
 
 def write(path: Path, text: str) -> Path:

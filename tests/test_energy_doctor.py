@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from localfab.ledger import Ledger
+from localfab.ledger.writer import Ledger
 from tests.conftest import LOCALFAB
 from tests.test_ledger import row
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from localfab.errors import ModelError
-from localfab.facts import FileSource, ModelFacts, RangeSource, read_facts
-from localfab.hardware import load_model_specs
+from localfab.gguf.facts import FileSource, ModelFacts, RangeSource, read_facts
+from localfab.machine.probes import load_model_specs
 from tests.gguf_fixtures import SparseSource, build_header, synthetic_source, write_sparse
 
 SPECS = load_model_specs()

@@ -20,7 +20,7 @@ import pytest
 from gguf.constants import GGUFValueType
 
 from localfab.errors import ModelCorrupt, ModelError
-from localfab.facts import MAX_LAYERS, read_facts
+from localfab.gguf.facts import MAX_LAYERS, read_facts
 from tests.conftest import LOCALFAB
 from tests.gguf_fixtures import SparseSource, Typed, build_header, write_sparse
 

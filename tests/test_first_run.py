@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from localfab.embedded import EMBEDDED, FIRST_RUN, GEMMA3, embedded_model_path
 from localfab.engine.native import shown_level
+from localfab.store.embedded import EMBEDDED, FIRST_RUN, GEMMA3, embedded_model_path
 from tests.conftest import LOCALFAB
 
 ROOT = Path(__file__).resolve().parent.parent

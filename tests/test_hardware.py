@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from localfab import hardware
 from localfab.errors import UsageError
-from localfab.hardware import (
+from localfab.machine import probes as hardware
+from localfab.machine.probes import (
     GiB,
     MiB,
     machine_from_profile,
@@ -59,7 +59,7 @@ def test_every_profile_is_covered() -> None:
 
 
 def test_profiles_are_read_from_the_package_data() -> None:
-    shipped = Path(hardware.__file__).parent / "data" / "profiles.json"
+    shipped = Path(hardware.__file__).parent.parent / "data" / "profiles.json"
     assert hardware.load_profiles() == json.loads(shipped.read_text(encoding="utf-8"))["profiles"]
 
 
@@ -250,7 +250,7 @@ def test_backend_probe_without_backend_info_plans_for_the_cpu_and_says_so() -> N
 
 def test_importing_hardware_and_plan_does_not_load_llama_cpp() -> None:
     code = (
-        "import sys, localfab.hardware, localfab.plan, localfab.facts, "
+        "import sys, localfab.machine.probes, localfab.plan, localfab.gguf.facts, "
         "localfab.commands.planning; "
         "bad = [m for m in ('llama_cpp', 'textual') if m in sys.modules]; "
         "assert not bad, bad"

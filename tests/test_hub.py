@@ -331,7 +331,7 @@ def test_parse_ref_forms() -> None:
 
 # fit before download: ranged reads of the header ------------------------------------------------
 def test_remote_header_costs_less_than_16_mib(env: Path, model_path: Path) -> None:
-    from localfab.facts import read_facts
+    from localfab.gguf.facts import read_facts
 
     with FakeHub(cdn=True) as fake:
         repo = "owner/gemma-3-270m-it-GGUF"
@@ -345,7 +345,7 @@ def test_remote_header_costs_less_than_16_mib(env: Path, model_path: Path) -> No
         assert remote.bytes_fetched == fake.bytes_sent()
         assert all(r.range for r in fake.content_gets())  # never a whole-file GET
         # Fit before download: plan the remote model for a 6 GB laptop card.
-        from localfab.hardware import machine_from_profile_name
+        from localfab.machine.probes import machine_from_profile_name
         from localfab.plan import plan
 
         result = plan(facts, machine_from_profile_name("rtx3060-laptop-6gb"))

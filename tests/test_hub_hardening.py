@@ -72,7 +72,7 @@ def test_pull_of_a_url_on_another_host_sends_no_token(
 def test_plan_of_a_url_on_another_host_sends_no_token(
     env: Path, other: FakeHub, tiny: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from localfab.facts import read_facts
+    from localfab.gguf.facts import read_facts
 
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     other.add_file(REPO, FILE, data=tiny)

@@ -42,7 +42,8 @@ def test_core_layers_import_without_the_front_end_libraries():
     code = (
         "import sys\n"
         "import localfab.chat.session, localfab.plan, localfab.hub, localfab.store, "
-        "localfab.facts, localfab.hardware, localfab.config, localfab.engine, localfab.runtime\n"
+        "localfab.gguf.facts, localfab.machine.probes, localfab.config, localfab.engine, "
+        "localfab.runtime\n"
         "print(sorted(m for m in ('textual', 'starlette', 'uvicorn', 'llama_cpp') "
         "if m in sys.modules))\n"
     )
@@ -53,12 +54,12 @@ def test_core_layers_import_without_the_front_end_libraries():
 # Layers below the engine: they take what they need from it as arguments (the front end passes
 # the engine's `backend_info` to the hardware probe) and never import it.
 BELOW_ENGINE = (
-    "hardware.py",
-    "hardware_types.py",
-    "hardware_gpus.py",
-    "facts.py",
-    "facts_header.py",
-    "facts_hparams.py",
+    "machine/probes.py",
+    "machine/types.py",
+    "machine/gpus.py",
+    "gguf/facts.py",
+    "gguf/header.py",
+    "gguf/hparams.py",
     "config.py",
     "errors.py",
     "plan",
@@ -92,7 +93,7 @@ def test_probing_the_machine_does_not_import_the_engine(tmp_path: Path):
     code = (
         "import sys\n"
         "from types import SimpleNamespace\n"
-        "import localfab.hardware as hw\n"
+        "import localfab.machine.probes as hw\n"
         "psutil_like = SimpleNamespace(cpu_count=lambda logical=True: 4,\n"
         "    virtual_memory=lambda: SimpleNamespace(total=8 << 30, available=4 << 30))\n"
         f"machine = hw.probe_machine(run=lambda argv: None, sysfs_root={str(tmp_path)!r},\n"

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from localfab.energy import Energy
 from localfab.engine.types import EngineSettings, Timings
-from localfab.ledger import (
+from localfab.ledger.writer import (
     Ledger,
     LedgerWriter,
     PlanInfo,
@@ -24,6 +23,7 @@ from localfab.ledger import (
     record_generation,
     rows_to_dicts,
 )
+from localfab.machine.energy import Energy
 
 PLAN = PlanInfo(n_gpu_layers=0, n_ctx=4096, type_k="f16", type_v="f16", flash_attn="on", threads=2)
 
@@ -233,8 +233,8 @@ def test_text_in_a_numeric_column_is_left_out_or_not_measured(tmp_path: Path) ->
     """A hand-edited ledger: text where a token count or the time goes leaves the row out (and
     is counted); text in a measurement counts as not measured, as NULL does. `stats` raised
     `ValueError: invalid literal for int()` on such a file."""
-    from localfab import ledger_report as lr
-    from localfab.ledger import clean_rows
+    from localfab.ledger import report as lr
+    from localfab.ledger.writer import clean_rows
 
     ledger = Ledger(tmp_path / "ledger.sqlite3")
     for name in ("tiny", "words", "slow", "when"):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from localfab.errors import ModelError, ModelNotFound
-from localfab.facts import read_facts
-from localfab.modelfile import check_gguf_file
+from localfab.gguf.facts import read_facts
+from localfab.gguf.modelfile import check_gguf_file
 from localfab.store.files import existing_file
 from tests.conftest import LOCALFAB
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localfab.catalog import load_catalog
+from localfab.store.catalog import load_catalog
 from tests.conftest import LOCALFAB
 from tests.hf_server import FakeHub
 from tests.test_tui_models_hub import build, catalog, cell, detail, select

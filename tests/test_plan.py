@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localfab.errors import UsageError
-from localfab.facts import ModelFacts, read_facts
-from localfab.hardware import (
+from localfab.gguf.facts import ModelFacts, read_facts
+from localfab.machine.probes import (
     Cpu,
     Device,
     GiB,

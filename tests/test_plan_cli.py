@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from localfab.cli import cli
-from localfab.hardware import load_model_specs, load_profiles
+from localfab.machine.probes import load_model_specs, load_profiles
 from tests.conftest import LOCALFAB
 from tests.gguf_fixtures import write_synthetic
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from localfab.engine.types import SpecSettings
-from localfab.hardware import GiB, machine_from_profile_name
+from localfab.machine.probes import GiB, machine_from_profile_name
 from localfab.plan import plan
 from localfab.plan.draft import plan_draft
 from localfab.runtime import ModelChoice, probe_this_machine
@@ -58,7 +58,7 @@ def test_the_draft_is_planned_at_the_models_context() -> None:
 
 
 def test_opening_a_model_places_its_draft_unless_told_where(model_path: Path) -> None:
-    from localfab.facts import read_facts
+    from localfab.gguf.facts import read_facts
 
     machine = probe_this_machine()
     chosen = ModelChoice("gemma", model_path, plan(read_facts(model_path), machine), machine)

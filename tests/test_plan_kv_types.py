@@ -9,8 +9,8 @@ import pytest
 
 from localfab import units
 from localfab.errors import UsageError
-from localfab.facts import read_facts
-from localfab.hardware import Cpu, LlamaBackend, Machine
+from localfab.gguf.facts import read_facts
+from localfab.machine.probes import Cpu, LlamaBackend, Machine
 from localfab.plan import KvCacheType, Wishes, check_kv_type, plan
 from localfab.units import GiB
 

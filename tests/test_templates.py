@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from localfab.chat.templates import ChatTemplate, resolve_template, validate_messages
 from localfab.errors import UsageError
-from localfab.templates import ChatTemplate, resolve_template, validate_messages
 
 CHATML_GGUF = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -259,9 +259,9 @@ def test_nested_loops_over_a_long_conversation_are_bounded():
 
 
 def test_rendering_has_a_time_limit(monkeypatch: pytest.MonkeyPatch):
-    import localfab.templates
+    import localfab.chat.templates
 
-    monkeypatch.setattr(localfab.templates, "RENDER_SECONDS", 0.0)
+    monkeypatch.setattr(localfab.chat.templates, "RENDER_SECONDS", 0.0)
     slow = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", "gguf")
     with pytest.raises(UsageError, match="longer than 0 s"):
         slow.render(MSGS[:2])

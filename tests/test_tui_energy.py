@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localfab.energy import EnergyMeter, survey
+from localfab.machine.energy import EnergyMeter, survey
 from localfab.tui.backend import LocalBackend
 from localfab.tui.fake import FakeEngine
 from tests.test_energy import hwmon, no_nvml

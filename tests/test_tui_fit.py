@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from localfab.chat.history import History
-from localfab.facts import ModelFacts, read_facts
-from localfab.hardware import Machine, load_model_specs, machine_from_profile_name
+from localfab.gguf.facts import ModelFacts, read_facts
+from localfab.machine.probes import Machine, load_model_specs, machine_from_profile_name
 from localfab.plan import DeviceMemory, Wishes
 from localfab.tui.app import LocalfabApp, make_app
 from localfab.tui.backend import ChatOptions, LocalBackend

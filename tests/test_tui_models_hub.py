@@ -13,10 +13,10 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
-from localfab.catalog import load_catalog
 from localfab.chat.history import History
 from localfab.config import default_paths
 from localfab.store import Store
+from localfab.store.catalog import load_catalog
 from localfab.tui.app import LocalfabApp, make_app
 from localfab.tui.models import LocalModels
 from localfab.tui.screens.models import ModelsScreen

@@ -40,7 +40,7 @@ def test_format_bytes(n: int, precise: bool, text: str) -> None:
 
 
 def test_a_context_size_reads_the_same_in_the_cli_and_the_tui() -> None:
-    from localfab.catalog import load_catalog
+    from localfab.store.catalog import load_catalog
     from localfab.tui.models import catalog_row
 
     assert [units.format_context(n) for n in (512, 1024, 40960, 131072)] == [

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from localfab.catalog import load_catalog
 from localfab.resources import builtin_theme_files, catalog_file
+from localfab.store.catalog import load_catalog
 from tests.hf_server import FakeHub
 from tests.test_store import write_tiny_gguf
 

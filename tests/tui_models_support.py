@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from localfab.catalog import load_catalog
 from localfab.errors import HubError, ModelNotFound
 from localfab.hub import DownloadProgress
+from localfab.store.catalog import load_catalog
 from localfab.tui.downloads import PullCancelled, PullQueue
 from localfab.tui.models import CatalogRow, ModelRow, catalog_row
 

@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from localfab.chat.templates import ChatTemplate, resolve_template
 from localfab.errors import UsageError
-from localfab.templates import ChatTemplate, resolve_template
 
 # Stands in for a message's content while rendering, to find where the content goes.
 _MARK = "\x00localfab-content-{}\x00"

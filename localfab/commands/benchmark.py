@@ -21,8 +21,8 @@ from localfab.commands.run import KV_CHOICES
 from localfab.errors import UsageError
 
 if TYPE_CHECKING:
-    from localfab.energy import EnergyMeter
-    from localfab.ledger import Row
+    from localfab.ledger.writer import Row
+    from localfab.machine.energy import EnergyMeter
     from localfab.runtime import LoadedModel, ModelChoice
 
 # A fixed prompt set, so two baselines measure the same work. Each prompt is preceded by filler
@@ -91,7 +91,7 @@ def measure(
 ) -> list[Row]:
     """One greedy reply of `n_gen` tokens per prompt and depth, each from an empty KV cache."""
     from localfab.engine import Done, SamplingParams
-    from localfab.ledger import TokenClock, build_row
+    from localfab.ledger.writer import TokenClock, build_row
 
     sampling = SamplingParams(temperature=0.0, ignore_eos=True)
     rows: list[Row] = []
@@ -129,7 +129,7 @@ def measure(
 
 
 def by_depth(rows: Sequence[dict[str, Any]]) -> list[DepthResult]:
-    from localfab import ledger_report as lr
+    from localfab.ledger import report as lr
 
     results = []
     for depth, group in sorted(lr.group(rows, lambda r: str(r["depth"])).items(), key=_num):
@@ -182,7 +182,7 @@ def _bar(tag: str, value: float | None, top: float, j_per_token: float | None) -
 
 
 def render_table(results: Sequence[DepthResult]) -> str:
-    from localfab.ledger_report import fmt
+    from localfab.ledger.report import fmt
     from localfab.units import format_bytes
 
     header = ("depth", "tok/s", "TTFT ms", "p50 ms", "p99 ms", "peak mem", "J/token", "tok/J")
@@ -249,7 +249,7 @@ def bench(
     """
     from localfab.commands.run import setup_logging
     from localfab.config import Config, default_paths
-    from localfab.ledger import Ledger, ledger_path, rows_to_dicts
+    from localfab.ledger.writer import Ledger, ledger_path, rows_to_dicts
     from localfab.runtime import choose_model, wishes_from_options
 
     setup_logging(False)
@@ -295,7 +295,7 @@ def _run(
     n_prompts: int,
     n_gen: int,
 ) -> list[Row]:
-    from localfab.energy import EnergyMeter
+    from localfab.machine.energy import EnergyMeter
 
     loaded = choice.open()
     try:
@@ -327,8 +327,8 @@ def _print(
 ) -> None:
     from dataclasses import asdict
 
-    from localfab import ledger_report as lr
-    from localfab.ledger import PlanInfo, rows_to_dicts
+    from localfab.ledger import report as lr
+    from localfab.ledger.writer import PlanInfo, rows_to_dicts
 
     plan = PlanInfo.of(chosen)
     now_rows = rows_to_dicts(row.columns() for row in rows)

@@ -13,7 +13,7 @@ from localfab.errors import UsageError
 if TYPE_CHECKING:
     from localfab.chat.history import History
     from localfab.config import Config, Paths
-    from localfab.facts import ModelFacts
+    from localfab.gguf.facts import ModelFacts
     from localfab.plan import Wishes
 
 
@@ -21,8 +21,8 @@ def last_used_model() -> str | None:
     """The model used most recently, for `localfab` with no arguments; on a first start (no
     model used yet) the built-in first-run model, when its package is installed."""
     from localfab.config import default_paths
-    from localfab.embedded import FIRST_RUN
     from localfab.store import Store
+    from localfab.store.embedded import FIRST_RUN
 
     try:
         entries = [e for e in Store(default_paths()).list() if e.last_used and e.present]
@@ -115,7 +115,9 @@ def open_app(
         return LocalBackend(loader, history, name, options(now), ledger_file=ledger)
 
     def facts_for(name: str) -> ModelFacts:
-        from localfab.facts import read_facts  # the GGUF reader loads when the fit screen opens
+        from localfab.gguf.facts import (
+            read_facts,
+        )  # the GGUF reader loads when the fit screen opens
 
         return read_facts(Store(paths).resolve(name))
 

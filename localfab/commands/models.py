@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.config import default_paths
-from localfab.units import format_bytes, format_context
+from localfab.units import format_context, human_age, human_size
 
 if TYPE_CHECKING:
     from localfab.store import ModelEntry, Store
@@ -29,80 +28,6 @@ def _store() -> Store:
 
     setup_logging(False)
     return Store(default_paths())
-
-
-def human_size(n: int | None) -> str:
-    """`4.36 GiB`, `812.0 MiB`, `-` for unknown."""
-    return "-" if n is None else format_bytes(n, precise=True)
-
-
-def human_age(ts: float | None, *, now: float | None = None) -> str:
-    """`just now`, `5 min ago`, `3 h ago`, `2 days ago`, `never`."""
-    if ts is None:
-        return "never"
-    age = max((time.time() if now is None else now) - ts, 0)
-    if age < 60:
-        return "just now"
-    if age < 3600:
-        return f"{int(age // 60)} min ago"
-    if age < 86400:
-        return f"{int(age // 3600)} h ago"
-    return f"{int(age // 86400)} days ago"
-
-
-# fit verdicts -----------------------------------------------------------------------------------
-class FitJudge:
-    """Short fit verdicts ("GPU 8k", "20/29 GPU 4k", "CPU 8k", "too big") from the planner.
-
-    The machine is probed once, on first use. A verdict is a nicety: if the planner, the probes
-    or a header fail, the verdict is None and `localfab list` still works.
-    """
-
-    def __init__(self) -> None:
-        self._machine: Any = None
-        self._probed = False
-
-    def machine(self) -> Any:
-        if not self._probed:
-            self._probed = True
-            try:
-                from localfab.runtime import probe_this_machine
-
-                self._machine = probe_this_machine()
-            except Exception:  # noqa: BLE001 - no verdicts rather than no list
-                self._machine = None
-        return self._machine
-
-    def __call__(self, path: Path) -> str | None:
-        result = self.plan(path)
-        return None if result is None else summarise_plan(result)
-
-    def plan(self, path: Path) -> Any:
-        """The planner's `Plan` for the file on this machine, or None."""
-        try:
-            from localfab.facts import read_facts
-            from localfab.plan import Wishes, plan
-        except ImportError:
-            return None
-        machine = self.machine()
-        if machine is None:
-            return None
-        try:
-            return plan(read_facts(path), machine, Wishes())
-        except Exception:  # noqa: BLE001 - see the class docstring
-            return None
-
-
-def summarise_plan(result: Any) -> str:
-    """One short cell for a `Plan`: where the layers go and the context it leaves room for."""
-    ctx = format_context(result.n_ctx)
-    if not result.fits:
-        return "too big"
-    if result.gpu is None or result.n_gpu_layers == 0:
-        return f"CPU {ctx}"
-    if result.all_on_gpu:
-        return f"GPU {ctx}"
-    return f"{result.n_gpu_layers}/{result.n_layer + 1} GPU {ctx}"
 
 
 # commands ---------------------------------------------------------------------------------------
@@ -166,6 +91,8 @@ def list_models(as_json: bool, show_catalog: bool, no_fit: bool) -> None:
         _list_catalog(store, as_json=as_json)
         return
     entries = store.list()
+    from localfab.runtime import FitJudge
+
     judge = FitJudge()
     fits = {e.name: (None if no_fit or not e.present else judge(e.path)) for e in entries}
     if as_json:
@@ -201,7 +128,7 @@ def list_models(as_json: bool, show_catalog: bool, no_fit: bool) -> None:
 
 
 def _list_catalog(store: Store, *, as_json: bool) -> None:
-    from localfab.catalog import load_catalog
+    from localfab.store.catalog import load_catalog
 
     catalog = load_catalog()
     have = {(e.repo, e.files[0].name) for e in store.list() if e.repo and e.files}
@@ -298,11 +225,14 @@ def show(name: str, as_json: bool) -> None:
     entry = store.get(name) or next((e for e in store.list() if e.path == path), None)
     facts: Any = None
     try:
-        from localfab.facts import read_facts
+        from localfab.gguf.facts import read_facts
     except ImportError:
         read_facts = None  # type: ignore[assignment]
     if read_facts is not None:
         facts = read_facts(path)
+    from localfab.plan.summary import summarise_plan
+    from localfab.runtime import FitJudge
+
     model_plan = FitJudge().plan(path)
     fit = None if model_plan is None else summarise_plan(model_plan)
     if as_json:

@@ -20,8 +20,8 @@ from localfab.runtime import probe_this_machine
 from localfab.units import KV_CACHE_TYPES, MiB, format_bytes
 
 if TYPE_CHECKING:
-    from localfab.facts import ModelFacts
-    from localfab.hardware import Machine
+    from localfab.gguf.facts import ModelFacts
+    from localfab.machine.probes import Machine
     from localfab.plan import Plan, Wishes
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
@@ -43,7 +43,7 @@ def _machine(profile: str | None, vram: int | None, ram: int | None) -> Machine:
     """The machine to plan for: a shipped profile, a what-if (--vram/--ram), or this one."""
     from dataclasses import replace
 
-    from localfab import hardware
+    from localfab.machine import probes as hardware
 
     if profile and (vram is not None or ram is not None):
         raise UsageError("give either --profile or --vram/--ram, not both")
@@ -181,7 +181,7 @@ def plan(
     catalog name, OWNER/REPO[:QUANT] or Hugging Face URL, of which only the header is read.
     """
     from localfab.errors import ModelNotFound
-    from localfab.facts import read_facts
+    from localfab.gguf.facts import read_facts
     from localfab.plan import plan as make_plan
 
     machine = _machine(profile, vram, ram)
@@ -214,11 +214,11 @@ def plan(
 def _remote_facts(model: str) -> tuple[ModelFacts, int | None, str | None]:
     """The facts of a model not on disk: its header read on the hub, or (offline) a catalog
     model's shipped facts; with how many header bytes were read, or where the facts came from."""
-    from localfab.catalog import load_catalog
     from localfab.errors import HubUnreachable
-    from localfab.facts import read_facts
-    from localfab.facts_summary import catalog_facts
+    from localfab.gguf.facts import read_facts
+    from localfab.gguf.summary import catalog_facts
     from localfab.hub import open_remote
+    from localfab.store.catalog import load_catalog
 
     try:
         remote = open_remote(model)
@@ -247,9 +247,10 @@ def doctor(profile: str | None, as_json: bool) -> None:
     Also lists the power sources this machine has (for energy per reply), how to enable the
     missing ones, and whether the usage ledger is being written.
     """
-    from localfab import energy, hardware
     from localfab.config import default_paths
-    from localfab.ledger import Ledger, ledger_path, ledger_status
+    from localfab.ledger.writer import Ledger, ledger_path, ledger_status
+    from localfab.machine import energy
+    from localfab.machine import probes as hardware
 
     machine = hardware.machine_from_profile_name(profile) if profile else probe_this_machine()
     advice = diagnose(machine)

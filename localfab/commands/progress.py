@@ -6,8 +6,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from localfab.commands.models import human_size
-from localfab.units import format_duration
+from localfab.units import format_duration, human_size
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID

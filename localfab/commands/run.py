@@ -18,8 +18,8 @@ from localfab.units import KV_CACHE_TYPES, usage
 
 if TYPE_CHECKING:
     from localfab.chat.session import ChatEvent, Reply
-    from localfab.energy import Energy
     from localfab.engine.types import Done
+    from localfab.machine.energy import Energy
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
@@ -216,8 +216,14 @@ def run(
     else:
         tokens = loaded.prompts.tokens(session.window() + [{"role": "user", "content": text}])
         events = session.send(text, max_tokens=max_tokens, sampling=sampling, stop=stop)
-    from localfab.energy import Energy, EnergyMeter
-    from localfab.ledger import Ledger, LedgerWriter, ReplyRecorder, ledger_enabled, ledger_path
+    from localfab.ledger.writer import (
+        Ledger,
+        LedgerWriter,
+        ReplyRecorder,
+        ledger_enabled,
+        ledger_path,
+    )
+    from localfab.machine.energy import Energy, EnergyMeter
 
     ledger = None
     if not no_ledger and ledger_enabled(config):

@@ -250,7 +250,7 @@ def _wishes(options: dict[str, Any], config: Config) -> Wishes:
 def _ledger(options: dict[str, Any], config: Config) -> Any:
     """The usage ledger's writer, unless --no-ledger, `ledger = false` or LOCALFAB_LEDGER=off."""
     from localfab.config import default_paths
-    from localfab.ledger import Ledger, LedgerWriter, ledger_enabled, ledger_path
+    from localfab.ledger.writer import Ledger, LedgerWriter, ledger_enabled, ledger_path
 
     if options["no_ledger"] or not ledger_enabled(config):
         return None

@@ -37,9 +37,9 @@ def stats(
     Every reply of `run`, `serve` and the chat app is a row: tokens, TTFT, token-to-token
     latency (p50, p99), decode tok/s, peak memory and, where this machine reads power, energy.
     """
-    from localfab import ledger_report as lr
     from localfab.config import default_paths
-    from localfab.ledger import Ledger, clean_rows, ledger_path
+    from localfab.ledger import report as lr
+    from localfab.ledger.writer import Ledger, clean_rows, ledger_path
 
     ledger = Ledger(ledger_path(default_paths().data_dir))
     start = lr.parse_since(since) if since else None
@@ -48,7 +48,7 @@ def stats(
     try:
         rows, damaged = clean_rows(ledger.rows(since=start, model=model))
     except sqlite3.Error as exc:
-        from localfab.ledger import describe_fault
+        from localfab.ledger.writer import describe_fault
 
         raise LocalfabError(f"cannot read the ledger: {describe_fault(exc, ledger.path)}") from exc
     skipped = ledger.skipped()
@@ -91,7 +91,7 @@ def stats(
 
 
 def _compare(rows: list[dict[str, Any]], names: tuple[str, str], *, as_json: bool) -> None:
-    from localfab import ledger_report as lr
+    from localfab.ledger import report as lr
 
     name_a, rows_a = lr.select(rows, names[0])
     name_b, rows_b = lr.select(rows, names[1])

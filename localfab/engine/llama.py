@@ -38,7 +38,7 @@ from localfab.engine.types import (
     vocab_message,
 )
 from localfab.errors import ContextOverflow, LocalfabError, UsageError
-from localfab.modelfile import check_gguf_file
+from localfab.gguf.modelfile import check_gguf_file
 
 if TYPE_CHECKING:
     from localfab.engine.spec import Speculator

@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType
 
 from localfab.engine.types import BufferSizes, EngineSettings, FlashAttn
 from localfab.errors import LoadCancelled, LocalfabError, ModelError, UsageError
-from localfab.hardware_types import amx_in
+from localfab.machine.types import amx_in
 from localfab.units import KV_CACHE_TYPES
 
 log = logging.getLogger("localfab.engine")

@@ -242,7 +242,7 @@ class Timings:
     predicted_n: int = 0
     predicted_ms: float = 0.0
     ttft_ms: float = 0.0  # request start (before tokenizing the reply) to first token
-    # The energy the reply took, where the machine reports power (see localfab.energy).
+    # The energy the reply took, where the machine reports power (see localfab.machine.energy).
     energy_j: float | None = None
     energy_source: str = ""
     # Speculative decoding: tokens drafted, and how many of them the model kept.

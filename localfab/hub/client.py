@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localfab.catalog import SPLIT_RE
-from localfab.hub.errors import hub_error
+from localfab.hub.errors import file_metadata, hub_error
 from localfab.hub.files import FileMeta, RemoteFile, ResolvedModel, pick_files
 from localfab.hub.refs import DEFAULT_REVISION, HubConfig, ModelRef, parse_ref
 from localfab.store import Store, default_name, quant_from_name, validate_name
+from localfab.store.catalog import SPLIT_RE
 
 if TYPE_CHECKING:
     from localfab.hub.download import PullResult
@@ -67,26 +67,7 @@ class Hub:
         cached = self._meta.get((repo, file, revision))
         if cached is not None:
             return cached
-        self.config.check_online(f"{repo}/{file}")
-        from huggingface_hub import get_hf_file_metadata
-
-        try:
-            meta = get_hf_file_metadata(
-                self.file_url(repo, file, revision=revision),
-                token=self.config.auth,
-                endpoint=self.config.endpoint,
-                retry_on_errors=True,
-            )
-        except Exception as exc:
-            raise hub_error(
-                exc, self.config, repo=repo, file=file, lister=self.lister, revision=revision
-            ) from exc
-        result = FileMeta(
-            commit=meta.commit_hash,
-            etag=(meta.etag or "").lower() or None,
-            size=meta.size,
-            location=meta.location,
-        )
+        result = file_metadata(self.config, repo, file, revision=revision, lister=self.lister)
         self._meta[(repo, file, revision)] = result
         return result
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localfab.catalog import SPLIT_RE
 from localfab.errors import HubError, UsageError
 from localfab.hub._hf import auth_headers, download_into, has_byte_at, is_short_body, status_of
 from localfab.hub.errors import hub_error
@@ -26,6 +25,7 @@ from localfab.hub.files import FileMeta, RemoteFile, ResolvedModel
 from localfab.hub.progress import ProgressCallback, Tracker
 from localfab.hub.refs import ModelRef, same_origin
 from localfab.store import ModelEntry, Store, disk_free
+from localfab.store.catalog import SPLIT_RE
 from localfab.units import format_bytes
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from localfab.errors import HubError, LocalfabError
 from localfab.hub._hf import network_errors, status_of
-from localfab.hub.files import RemoteFile, has_quant
+from localfab.hub.files import FileMeta, RemoteFile, has_quant
 from localfab.hub.refs import DEFAULT_ENDPOINT, DEFAULT_QUANT, DEFAULT_REVISION, HubConfig
 from localfab.store import has_control_chars, printable, quant_from_name
 from localfab.units import format_bytes
@@ -193,3 +193,35 @@ def _available_files(ctx: _Context) -> str:
     if quants:
         return f"; it has no {DEFAULT_QUANT} file; quants there: {', '.join(quants)}"
     return "; it has no .gguf files at all"
+
+
+def file_metadata(
+    config: HubConfig,
+    repo: str,
+    file: str,
+    *,
+    revision: str = DEFAULT_REVISION,
+    lister: Lister | None = None,
+) -> FileMeta:
+    """HEAD the file: commit, sha256 (X-Linked-Etag/ETag), size (X-Linked-Size), location;
+    a failure is the hub error that says why (`hub_error`)."""
+    config.check_online(f"{repo}/{file}")
+    from huggingface_hub import get_hf_file_metadata
+
+    try:
+        meta = get_hf_file_metadata(
+            config.file_url(repo, file, revision=revision),
+            token=config.auth,
+            endpoint=config.endpoint,
+            retry_on_errors=True,
+        )
+    except Exception as exc:
+        raise hub_error(
+            exc, config, repo=repo, file=file, lister=lister, revision=revision
+        ) from exc
+    return FileMeta(
+        commit=meta.commit_hash,
+        etag=(meta.etag or "").lower() or None,
+        size=meta.size,
+        location=meta.location,
+    )

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from localfab.catalog import SPLIT_RE
 from localfab.errors import HubError
 from localfab.hub.refs import HubConfig, ModelRef
 from localfab.store import quant_from_name, safe_file_name
+from localfab.store.catalog import SPLIT_RE
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote, urlsplit
 
-from localfab.catalog import Catalog, CatalogEntry, check_repo_id, is_repo_id, load_catalog
 from localfab.errors import HubError, LocalfabError, UsageError
 from localfab.hub.reach import check_reachable
 from localfab.store import quant_from_name, safe_file_name
+from localfab.store.catalog import Catalog, CatalogEntry, check_repo_id, is_repo_id, load_catalog
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_QUANT = "Q4_K_M"

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from localfab.hub._hf import auth_headers, ranged_get
-from localfab.hub.client import Hub
-from localfab.hub.errors import hub_error
+from localfab.hub.errors import file_metadata, hub_error
 from localfab.hub.files import ResolvedModel
 from localfab.hub.refs import DEFAULT_REVISION, HubConfig, check_repo
 from localfab.store import safe_file_name
@@ -57,7 +56,7 @@ class HttpRangeSource:
     def size(self) -> int | None:
         """Total size from a HEAD (`X-Linked-Size`), cached; None if the server does not say."""
         if self._size is None:
-            meta = Hub(self.config).metadata(self.repo, self.file, revision=self.revision)
+            meta = file_metadata(self.config, self.repo, self.file, revision=self.revision)
             self.requests += 1
             self._size = meta.size
         return self._size

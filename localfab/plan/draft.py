@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localfab.facts import ModelFacts
-from localfab.hardware import Device, Machine
+from localfab.gguf.facts import ModelFacts
+from localfab.machine.probes import Device, Machine
 from localfab.plan.memory import DEFAULT_N_UBATCH, estimate
 from localfab.plan.result import DeviceMemory, Plan
 from localfab.units import format_bytes

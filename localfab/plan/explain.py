@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from localfab.facts import ModelFacts
-from localfab.hardware import Device, Machine
+from localfab.gguf.facts import ModelFacts
+from localfab.machine.probes import Device, Machine
 from localfab.plan.kv_types import KV
 from localfab.plan.memory import (
     BANDWIDTH_EFFICIENCY,

@@ -26,8 +26,8 @@ from functools import lru_cache
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localfab.errors import UsageError
-from localfab.facts import ModelFacts
-from localfab.hardware import Device, Machine
+from localfab.gguf.facts import ModelFacts
+from localfab.machine.probes import Device, Machine
 from localfab.plan.result import DeviceMemory
 from localfab.units import MiB, format_bytes
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from localfab.errors import UsageError
-from localfab.facts import ModelFacts
-from localfab.hardware import Device, Machine
+from localfab.gguf.facts import ModelFacts
+from localfab.machine.probes import Device, Machine
 from localfab.plan import explain
 from localfab.plan.kv_types import KV, check_kv_type
 from localfab.plan.memory import (

@@ -53,7 +53,7 @@ from localfab.server.worker import EngineWorker
 
 if TYPE_CHECKING:
     from localfab.engine import Engine
-    from localfab.ledger import LedgerWriter
+    from localfab.ledger.writer import LedgerWriter
     from localfab.runtime import LoadedModel
 
 __all__ = ["Gate", "Server", "create_app"]

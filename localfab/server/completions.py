@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localfab.chat.session import reply_room
+from localfab.chat.templates import validate_messages
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect
@@ -23,7 +24,6 @@ from localfab.server.errors import ApiError, api_error
 from localfab.server.generation import MAX_RESULTS, Prompt, respond
 from localfab.server.params import Generation, parse_generation
 from localfab.server.plumbing import json_response, read_json
-from localfab.templates import validate_messages
 
 if TYPE_CHECKING:
     from localfab.engine import Engine

@@ -16,7 +16,7 @@ from typing import Any
 
 from localfab.engine.types import Done, GenerationOptions, Timings, TokenEvent
 from localfab.errors import ContextOverflow
-from localfab.ledger import TokenClock
+from localfab.ledger.writer import TokenClock
 from localfab.server.chat_window import ChatWindow
 from localfab.server.errors import ApiError
 

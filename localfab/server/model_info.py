@@ -42,7 +42,7 @@ def model_info(model: LoadedModel, settings: ServerSettings) -> ModelInfo:
     n_params = size = 0
     ftype = ""
     try:
-        from localfab.facts import read_facts
+        from localfab.gguf.facts import read_facts
 
         facts = read_facts(model.path)
         for tensor in facts.tensors:

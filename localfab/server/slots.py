@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from localfab.energy import Energy, Measurement
 from localfab.engine.batch import BatchDecoder
 from localfab.engine.slots import Slot
 from localfab.engine.types import ContextFull, Done
 from localfab.errors import LocalfabError
-from localfab.ledger import TokenClock
+from localfab.ledger.writer import TokenClock
+from localfab.machine.energy import Energy, Measurement
 from localfab.server.errors import api_error
 from localfab.server.jobs import (
     Job,
@@ -36,7 +36,7 @@ from localfab.server.metrics import Metrics
 
 if TYPE_CHECKING:
     from localfab.engine import Engine
-    from localfab.ledger import LedgerWriter
+    from localfab.ledger.writer import LedgerWriter
     from localfab.runtime import LoadedModel
 
 log = logging.getLogger("localfab.server")

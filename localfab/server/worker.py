@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from localfab.energy import Energy, EnergyMeter, Measurement
 from localfab.engine.types import ContextFull, Done
-from localfab.ledger import LedgerWriter, TokenClock, record_generation
+from localfab.ledger.writer import LedgerWriter, TokenClock, record_generation
+from localfab.machine.energy import Energy, EnergyMeter, Measurement
 from localfab.server.errors import ApiError
 from localfab.server.jobs import Job, SlotView
 from localfab.server.metrics import Metrics

@@ -7,9 +7,9 @@ import os
 import shutil
 from pathlib import Path
 
-from localfab.catalog import SPLIT_RE
 from localfab.errors import ModelError, ModelNotFound
-from localfab.modelfile import check_model_file
+from localfab.gguf.modelfile import check_model_file
+from localfab.store.catalog import SPLIT_RE
 
 PARTIAL_DIR = ".partial"
 

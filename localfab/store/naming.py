@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from localfab.catalog import NAME_RE, SPLIT_RE, check_repo_id
 from localfab.errors import UsageError
+from localfab.store.catalog import NAME_RE, SPLIT_RE, check_repo_id
 
 # Characters that move the cursor, change colours or reorder text on a terminal: file names and
 # model names that carry them are refused, never written to disk or printed.
@@ -112,7 +112,7 @@ def quant_from_file_type(file_type: int | None) -> str | None:
 
 def gguf_summary(path: Path) -> tuple[str | None, str | None]:
     """(architecture, quant) from a GGUF header; raises `ModelError` if the file is not GGUF."""
-    from localfab.facts import read_facts  # imports `gguf` (numpy): only when a file is added
+    from localfab.gguf.facts import read_facts  # imports `gguf` (numpy): only when a file is added
 
     facts = read_facts(path)
     return facts.arch, quant_from_file_type(facts.file_type) or quant_from_name(path.name)

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localfab.catalog import REPO_RE, Catalog, load_catalog
 from localfab.errors import LocalfabError, ModelError, ModelNotFound
+from localfab.store.catalog import REPO_RE, Catalog, load_catalog
 from localfab.store.entry import ModelEntry
 from localfab.store.files import existing_file
 from localfab.store.registry import Models, find_key

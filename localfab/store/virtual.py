@@ -1,4 +1,4 @@
-"""Models the store knows without a registry entry: the embedded models (localfab.embedded).
+"""Models the store knows without a registry entry: the embedded models (localfab.store.embedded).
 
 A virtual entry is listed, found by name and removable like a registered download, and its name
 cannot be registered by anything else. Its file is written out on first use (`materialise`).
@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from localfab.config import Paths
-from localfab.embedded import EMBEDDED, EmbeddedModel, embedded_by_name, embedded_model_path
 from localfab.errors import ModelNotFound
+from localfab.store.embedded import EMBEDDED, EmbeddedModel, embedded_by_name, embedded_model_path
 from localfab.store.entry import ModelEntry
 
 

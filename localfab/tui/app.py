@@ -24,7 +24,7 @@ from localfab.tui.widgets.keymap import binding_ids, check_keymap
 if TYPE_CHECKING:
     # The models, fit and settings screens (and the GGUF reader and planner behind them) load
     # when first opened: the first frame does not wait for them.
-    from localfab.facts import ModelFacts
+    from localfab.gguf.facts import ModelFacts
     from localfab.plan import Wishes
     from localfab.tui.models import ModelSource
     from localfab.tui.screens.fit import FitScreen

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession
     from localfab.config import Config, Paths
-    from localfab.energy import Energy
     from localfab.engine import SamplingParams
-    from localfab.ledger import LedgerWriter, ReplyRecorder
+    from localfab.ledger.writer import LedgerWriter, ReplyRecorder
+    from localfab.machine.energy import Energy
     from localfab.plan import Wishes
 
 
@@ -214,8 +214,8 @@ class LocalBackend:
             loaded.close()
             raise LoadCancelled()
         self._loaded = loaded
-        from localfab.energy import EnergyMeter
-        from localfab.ledger import Ledger, LedgerWriter, ReplyRecorder
+        from localfab.ledger.writer import Ledger, LedgerWriter, ReplyRecorder
+        from localfab.machine.energy import EnergyMeter
 
         if self.ledger is None and self.ledger_file is not None:
             self.ledger = LedgerWriter(Ledger(self.ledger_file))

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from localfab.chat.templates import BUILTIN_TEMPLATES
 from localfab.engine.types import Done, FinishReason, StopType, Timings, TokenEvent
 from localfab.errors import ModelError
-from localfab.templates import BUILTIN_TEMPLATES
 from localfab.tui.backend import LoadCancelled, Loaded, LoadProgress, ModelInfo, ProgressCallback
 
 SPECIALS = ("<bos>", "<eos>", "<|im_start|>", "<|im_end|>")

@@ -21,9 +21,9 @@ from localfab.tui.downloads import PullCancelled, PullQueue
 from localfab.units import format_bytes, format_context
 
 if TYPE_CHECKING:
-    from localfab.catalog import CatalogEntry
     from localfab.hub import DownloadProgress
     from localfab.store import Store
+    from localfab.store.catalog import CatalogEntry
 
 # A catalog fit judged offline from the catalog's shipped facts, not the file's header.
 ESTIMATE = "≈"
@@ -105,7 +105,7 @@ class LocalModels:
     catalog with fit verdicts read from the hub; pulls through `localfab.hub`."""
 
     def __init__(self, paths: Paths) -> None:
-        from localfab.commands.models import FitJudge
+        from localfab.runtime import FitJudge
 
         self.paths = paths
         self._judge = FitJudge()
@@ -119,7 +119,7 @@ class LocalModels:
         return Store(self.paths)
 
     def rows(self) -> list[ModelRow]:
-        from localfab.commands.models import human_age, human_size
+        from localfab.units import human_age, human_size
 
         out = []
         for e in self._store().list():
@@ -145,7 +145,7 @@ class LocalModels:
 
     # the catalog --------------------------------------------------------------------------------
     def catalog(self) -> list[CatalogRow]:
-        from localfab.catalog import load_catalog
+        from localfab.store.catalog import load_catalog
 
         store = self._store()
         have = {
@@ -162,12 +162,12 @@ class LocalModels:
         cached = self._remote_fits.get(row.name)
         if cached is not None:
             return cached
-        from localfab.commands.models import summarise_plan
         from localfab.errors import HubUnreachable
-        from localfab.facts import read_facts
-        from localfab.facts_summary import catalog_facts
+        from localfab.gguf.facts import read_facts
+        from localfab.gguf.summary import catalog_facts
         from localfab.hub import open_remote
         from localfab.plan import Wishes, plan
+        from localfab.plan.summary import summarise_plan
 
         with self._probe:
             machine = self._judge.machine()

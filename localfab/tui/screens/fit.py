@@ -20,8 +20,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static
 
 from localfab.errors import LocalfabError
-from localfab.facts import ModelFacts
-from localfab.hardware import Machine, load_profiles, machine_from_profile_name
+from localfab.gguf.facts import ModelFacts
+from localfab.machine.probes import Machine, load_profiles, machine_from_profile_name
 from localfab.plan import DoesNotFit, Plan, Wishes, plan
 from localfab.tui.widgets.membars import MemoryBars
 from localfab.units import KV_CACHE_TYPES

@@ -22,8 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from localfab.energy import Energy, EnergyMeter
-from localfab.ledger_db import (
+from localfab.ledger.db import (
     LEDGER_FILE,
     LOCK_TIMEOUT_S,
     SCHEMA,
@@ -37,7 +36,7 @@ from localfab.ledger_db import (
     rows_to_dicts,
     sha256_file,
 )
-from localfab.ledger_rows import (
+from localfab.ledger.rows import (
     PlanInfo,
     PlanLike,
     Row,
@@ -47,6 +46,7 @@ from localfab.ledger_rows import (
     percentile,
     timing_fields,
 )
+from localfab.machine.energy import Energy, EnergyMeter
 
 __all__ = [
     "FRONT_ENDS",

@@ -32,7 +32,7 @@ from typing import Any
 from gguf.constants import LlamaFileType
 
 from localfab.errors import ModelCorrupt, ModelError
-from localfab.facts_header import (
+from localfab.gguf.header import (
     MAX_KEPT_ARRAY,
     BigArray,
     Cursor,
@@ -45,7 +45,7 @@ from localfab.facts_header import (
     read_tensor_headers,
     tensor_infos,
 )
-from localfab.facts_hparams import (
+from localfab.gguf.hparams import (
     BLOCK_RE,
     MAX_EXPERTS,
     MAX_LAYERS,
@@ -59,7 +59,7 @@ from localfab.facts_hparams import (
     sliding_window_of,
     vocab_size,
 )
-from localfab.modelfile import check_model_file
+from localfab.gguf.modelfile import check_model_file
 
 __all__ = [
     "MAX_EXPERTS",

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from localfab.energy import Energy
+from localfab.machine.energy import Energy
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

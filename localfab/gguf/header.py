@@ -1,4 +1,4 @@
-"""Reading a GGUF header: the byte-level parser under `localfab.facts`.
+"""Reading a GGUF header: the byte-level parser under `localfab.gguf.facts`.
 
 Every read goes through a `RangeSource` (`read(offset, size)` and `size()`), in buffered chunks
 that grow as the header turns out to be long, so a remote header costs a handful of ranged
@@ -31,7 +31,7 @@ from gguf.constants import (
 )
 
 from localfab.errors import ModelCorrupt, ModelError
-from localfab.modelfile import not_gguf, permission_denied
+from localfab.gguf.modelfile import not_gguf, permission_denied
 from localfab.units import format_bytes
 
 # Arrays longer than this are not kept in `ModelFacts.metadata` (only their length is): the

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localfab.errors import UsageError
-from localfab.hardware_gpus import (
+from localfab.machine.gpus import (
     AMD_APU_DEVICE_IDS,
     DRM_FILES,
     NVIDIA_BANDWIDTH_GBS,
@@ -40,7 +40,7 @@ from localfab.hardware_gpus import (
     read_drm,
     run_command,
 )
-from localfab.hardware_types import Cpu, Device, LlamaBackend, Machine
+from localfab.machine.types import Cpu, Device, LlamaBackend, Machine
 from localfab.units import GiB, MiB
 
 __all__ = [

@@ -20,9 +20,9 @@ from typing import Any
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localfab.errors import ModelError
-from localfab.facts import ModelFacts, facts_from_parts
-from localfab.facts_header import TensorInfo
-from localfab.facts_hparams import BLOCK_RE
+from localfab.gguf.facts import ModelFacts, facts_from_parts
+from localfab.gguf.header import TensorInfo
+from localfab.gguf.hparams import BLOCK_RE
 
 SUMMARY_VERSION = 1
 _KEPT_KEYS = (

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localfab.errors import UsageError
-from localfab.hardware_types import Device
+from localfab.machine.types import Device
 from localfab.units import GiB, MiB
 
 NVIDIA_SMI_QUERY = [

@@ -1,4 +1,4 @@
-"""The hyperparameters of a GGUF model, typed and range-checked (part of `localfab.facts`).
+"""The hyperparameters of a GGUF model, typed and range-checked (part of `localfab.gguf.facts`).
 
 Every count the planner divides by or loops over (layers, heads, head sizes, experts, the
 sliding-window layout, the vocabulary) must be an integer in a range llama.cpp itself would
@@ -14,7 +14,7 @@ from typing import Any
 from gguf.constants import GGUFValueType
 
 from localfab.errors import ModelCorrupt, ModelError
-from localfab.facts_header import BigArray, TensorInfo
+from localfab.gguf.header import BigArray, TensorInfo
 
 # llama.cpp keeps hyperparameters in uint32 fields and per-layer ones in arrays of
 # LLAMA_MAX_LAYERS (src/llama-hparams.h); it refuses a model with more layers or experts.

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from localfab.ledger_rows import Row
+from localfab.ledger.rows import Row
 
 log = logging.getLogger("localfab.ledger")
 

@@ -1,0 +1,1 @@
+"""GGUF model files: the header reader, hyperparameters, file checks and summaries."""

@@ -1,0 +1,1 @@
+"""The usage ledger: one row per reply (writer), its database, rows and reports."""

@@ -1,0 +1,1 @@
+"""The machine: device probes, GPU tables and types, power and energy readings."""
