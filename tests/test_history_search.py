@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import localfab.chat.history as history_module
+import localfab.chat.history_schema as history_schema
 from localfab.chat.history import (
     HIT_END,
     HIT_START,
@@ -98,7 +98,7 @@ def test_version_1_database_is_migrated_and_indexed(tmp_path: Path) -> None:
 
 
 def test_like_fallback_without_fts5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(history_module, "has_fts5", lambda db: False)
+    monkeypatch.setattr(history_schema, "has_fts5", lambda db: False)
     history = History(tmp_path / "h.sqlite3")
     assert history.schema_version == SCHEMA_VERSION and not history.full_text
     assert "FTS5" in (history.search_notice or "")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import localfab.chat.history as history_module
+import localfab.chat.history_schema as history_schema
 from localfab.chat.history import (
     HIT_END,
     HIT_START,
@@ -31,7 +32,7 @@ def history(
 ) -> Iterator[History]:
     """A history searched through its FTS5 index, and one through the LIKE fallback."""
     if request.param == "like":
-        monkeypatch.setattr(history_module, "has_fts5", lambda db: False)
+        monkeypatch.setattr(history_schema, "has_fts5", lambda db: False)
     h = History(tmp_path / "h.sqlite3")
     assert h.full_text == (request.param == "fts5")
     yield h

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localfab.chat import history as history_module
+from localfab.chat import history_schema
 from localfab.chat.history import (
     SCHEMA_1,
     SCHEMA_VERSION,
@@ -183,7 +183,7 @@ def version_2_database(path: Path) -> None:
     """A database as localfab wrote it before versions existed (schema 2)."""
     db = sqlite3.connect(path, isolation_level=None)
     db.executescript(SCHEMA_1)
-    history_module._add_full_text(db)
+    history_schema.add_full_text(db)
     db.execute("INSERT INTO sessions VALUES (1, 1.0, 5.0, 'm', 'be brief', 'old chat')")
     db.execute("INSERT INTO sessions VALUES (2, 2.0, 6.0, 'm', NULL, 'other chat')")
     rows = [

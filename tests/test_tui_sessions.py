@@ -16,9 +16,10 @@ from textual.widgets import Input
 
 from localfab.chat.history import History
 from localfab.tui.app import LocalfabApp, make_app
-from localfab.tui.backend import ChatOptions, LocalBackend, StoredTurn
+from localfab.tui.backend import ReportsWindow, StoredTurn
 from localfab.tui.fake import FakeEngine, fake_loader
-from localfab.tui.screens.chat_parts import ReportsWindow, shown_index
+from localfab.tui.local_backend import ChatOptions, LocalBackend
+from localfab.tui.screens.chat_parts import shown_index
 from localfab.tui.screens.search import SearchScreen
 from localfab.tui.widgets.dialogs import TextDialog
 from localfab.tui.widgets.messages import MessageView
@@ -264,9 +265,9 @@ def test_search_screen_snapshot(
 async def test_without_fts5_search_still_works_and_says_so_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import localfab.chat.history as history_module
+    import localfab.chat.history_schema as history_schema
 
-    monkeypatch.setattr(history_module, "has_fts5", lambda db: False)
+    monkeypatch.setattr(history_schema, "has_fts5", lambda db: False)
     history = History(tmp_path / "sessions.sqlite3")
     target = long_chat(history, 3, needle="narwhal", at=2)
     app, _ = build_app(history)

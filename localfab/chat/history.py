@@ -39,18 +39,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
+from localfab.chat.history_locks import ReplyLocks, drop
 from localfab.chat.history_schema import (
     ANCESTORS,
     PATH,
     SCHEMA_1,
+    SCHEMA_VERSION,
     STORED_COLUMNS,
     StoredMessage,
     StoredSession,
-    add_versions,
-    build_full_text,
-    has_fts5,
+    migrate,
 )
 from localfab.chat.history_search import (
     FTS_TABLE,
@@ -61,6 +60,7 @@ from localfab.chat.history_search import (
     SNIPPET_TOKENS,
     SearchCancelled,
     SearchHit,
+    SearchPool,
     SearchTerms,
     like_snippet,
     search_fts,
@@ -76,24 +76,6 @@ from localfab.chat.history_trash import (
     restore_rows,
 )
 from localfab.errors import UsageError
-
-
-def _add_full_text(db: sqlite3.Connection) -> None:
-    """Schema 2: an external-content FTS5 index over messages.content, filled for old rows.
-
-    Without FTS5 nothing is created; search then scans with LIKE. (The probe is looked up in
-    this module, where a test can stand in for an SQLite without FTS5.)
-    """
-    if not has_fts5(db):
-        return
-    build_full_text(db)
-
-
-# Each entry moves the schema from version i to i + 1: statements separated by ";", or a
-# function of the connection for a migration whose statements hold ";" themselves (triggers).
-Migration = str | Callable[[sqlite3.Connection], None]
-MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, _add_full_text, add_versions)
-SCHEMA_VERSION = len(MIGRATIONS)
 
 STATUSES = ("complete", "generating", "length", "interrupted")
 
@@ -121,11 +103,9 @@ class History:
         # The connection is shared by the threads of one process (a UI thread and a worker):
         # the lock keeps one thread's transaction from interleaving with another's statements.
         self._lock = threading.RLock()
-        self._reply_locks: dict[int, Any] = {}  # message id -> held filelock.FileLock
-        # Idle connections searches read through, outside `_lock` (see `_search_connection`).
-        self._search_dbs: list[sqlite3.Connection] = []
-        self._search_dbs_lock = threading.Lock()
-        self._closed = False
+        self._reply_locks = ReplyLocks(self.locks_dir)  # the replies this object writes
+        # Connections searches read through, outside `_lock` (see `SearchPool`).
+        self._searches = SearchPool(real, BUSY_TIMEOUT_S, SEARCH_CONNECTIONS_KEPT)
         self._db = sqlite3.connect(
             path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S
         )
@@ -161,19 +141,7 @@ class History:
             yield self._db
 
     def _migrate(self) -> None:
-        for i in range(self.schema_version, len(MIGRATIONS)):
-            with self.write() as db:
-                # Another process may have migrated while this one waited for the lock.
-                if int(db.execute("PRAGMA user_version").fetchone()[0]) != i:
-                    continue
-                migration = MIGRATIONS[i]
-                if callable(migration):
-                    migration(db)
-                else:
-                    for statement in migration.split(";"):
-                        if statement.strip():
-                            db.execute(statement)
-                db.execute(f"PRAGMA user_version={i + 1}")
+        migrate(self.write, self.schema_version)
 
     def _has_table(self, name: str) -> bool:
         with self._lock:
@@ -200,36 +168,18 @@ class History:
     def close(self) -> None:
         """Close the database; replies this object was still writing are marked interrupted."""
         with self._lock:
-            for message_id in list(self._reply_locks):
+            for message_id in self._reply_locks:
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute(
                         "UPDATE messages SET status='interrupted' "
                         "WHERE id=? AND status='generating'",
                         (message_id,),
                     )
-                self._release_reply(message_id)
+                self._reply_locks.release(message_id)
             self._db.close()
-        with self._search_dbs_lock:
-            self._closed = True  # a search still running closes its connection when it ends
-            idle, self._search_dbs = self._search_dbs, []
-        for db in idle:
-            db.close()
+        self._searches.close()
 
     # --- replies being written -----------------------------------------------------------------
-
-    def _reply_lock(self, message_id: int) -> Any:
-        from filelock import FileLock  # imported when a reply is written or checked, not before
-
-        self.locks_dir.mkdir(parents=True, exist_ok=True)
-        return FileLock(self.locks_dir / f"{message_id}.lock", thread_local=False)
-
-    def _release_reply(self, message_id: int) -> None:
-        lock = self._reply_locks.pop(message_id, None)
-        if lock is None:
-            return
-        lock.release()
-        with contextlib.suppress(OSError):
-            Path(lock.lock_file).unlink()
 
     def mark_interrupted(self) -> int:
         """Mark replies `interrupted` whose writer is gone; returns how many.
@@ -242,19 +192,13 @@ class History:
             rows = self._db.execute("SELECT id FROM messages WHERE status='generating'").fetchall()
         if not rows:
             return 0
-        from filelock import Timeout
-
         marked = 0
         for (message_id,) in rows:
-            if message_id in self._reply_locks:
-                continue  # this object is writing it
-            try:
-                lock = self._reply_lock(message_id)
-                lock.acquire(timeout=0)
-            except Timeout:
-                continue  # its writer is alive
-            except OSError:
-                continue  # the lock folder cannot be written: cannot tell, leave the reply be
+            # Not when its writer is alive (this object or another), nor when the lock folder
+            # cannot be written (then nobody can tell): the reply is left be.
+            lock = self._reply_locks.cut_off(message_id)
+            if lock is None:
+                continue
             try:
                 with self._lock:
                     # The writer may have finished between the SELECT and the lock: only a
@@ -266,9 +210,7 @@ class History:
                     )
                     marked += cur.rowcount
             finally:
-                lock.release()
-                with contextlib.suppress(OSError):
-                    Path(lock.lock_file).unlink()
+                drop(lock)
         return marked
 
     # --- sessions ------------------------------------------------------------------------------
@@ -406,12 +348,10 @@ class History:
                 if status == "generating":
                     # Locked before the row is committed, so no other process ever sees this
                     # reply `generating` without its writer's lock held.
-                    lock = self._reply_lock(message_id)
-                    lock.acquire(timeout=BUSY_TIMEOUT_S)
-                    self._reply_locks[message_id] = lock
+                    self._reply_locks.hold(message_id, BUSY_TIMEOUT_S)
         except BaseException:
             with self._lock:
-                self._release_reply(message_id)  # a lock taken for a row never committed
+                self._reply_locks.release(message_id)  # taken for a row never committed
             raise
         return message_id
 
@@ -453,7 +393,7 @@ class History:
             # The final status is committed before the lock goes, so a reader that takes the
             # lock next finds the reply finished, not `generating`.
             if status is not None and status != "generating":
-                self._release_reply(message_id)
+                self._reply_locks.release(message_id)
 
     # --- renaming, deleting and restoring sessions ------------------------------------------------
 
@@ -505,7 +445,7 @@ class History:
         terms = search_terms(query)
         if not terms.words or limit <= 0:
             return []
-        with self._search_connection(cancelled) as db:
+        with self._searches.connection(cancelled, SEARCH_CHECK_STEPS) as db:
             try:
                 if self.full_text:
                     return search_fts(db, terms, limit)
@@ -514,39 +454,6 @@ class History:
                 if cancelled is not None and cancelled():
                     raise SearchCancelled from exc
                 raise
-
-    @contextlib.contextmanager
-    def _search_connection(
-        self, cancelled: Callable[[], bool] | None
-    ) -> Iterator[sqlite3.Connection]:
-        """A read-only connection for one search, taken from the idle ones or opened.
-
-        Not the shared connection, and without `_lock`: in WAL mode a reader sees the last
-        committed state while writers go on, so nothing waits for a search. A connection serves
-        one search at a time; it goes back to the idle ones afterwards.
-        """
-        with self._search_dbs_lock:
-            db = self._search_dbs.pop() if self._search_dbs else None
-        if db is None:
-            db = sqlite3.connect(
-                self._real_path,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=BUSY_TIMEOUT_S,
-            )
-            db.execute("PRAGMA query_only=ON")
-        if cancelled is not None:
-            db.set_progress_handler(lambda: bool(cancelled()), SEARCH_CHECK_STEPS)
-        try:
-            yield db
-        finally:
-            db.set_progress_handler(None, 0)
-            with self._search_dbs_lock:
-                keep = not self._closed and len(self._search_dbs) < SEARCH_CONNECTIONS_KEPT
-                if keep:
-                    self._search_dbs.append(db)
-            if not keep:
-                db.close()
 
 
 # In their own module; imported here so that `localfab.chat.history` keeps offering them.
@@ -560,7 +467,7 @@ from localfab.chat.transfer import (  # noqa: E402
 
 __all__ = [
     "SCHEMA_1",
-    "has_fts5",
+    "SCHEMA_VERSION",
     "EXPORT_FORMAT",
     "EXPORT_VERSION",
     "FTS_TABLE",

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from localfab.chat.history_search import FTS_TABLE
@@ -140,3 +142,38 @@ class StoredSession:
     title: str | None
     created: float
     updated: float
+
+
+def add_full_text(db: sqlite3.Connection) -> None:
+    """Schema 2: an external-content FTS5 index over messages.content, filled for old rows.
+
+    Without FTS5 nothing is created; search then scans with LIKE. (The probe is looked up in
+    this module, where a test can stand in for an SQLite without FTS5.)
+    """
+    if not has_fts5(db):
+        return
+    build_full_text(db)
+
+
+# Each entry moves the schema from version i to i + 1: statements separated by ";", or a
+# function of the connection for a migration whose statements hold ";" themselves (triggers).
+Migration = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, add_full_text, add_versions)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(write: Callable[[], AbstractContextManager[sqlite3.Connection]], version: int) -> None:
+    """Run the migrations from schema `version` on, each in its own write transaction."""
+    for i in range(version, len(MIGRATIONS)):
+        with write() as db:
+            # Another process may have migrated while this one waited for the lock.
+            if int(db.execute("PRAGMA user_version").fetchone()[0]) != i:
+                continue
+            migration = MIGRATIONS[i]
+            if callable(migration):
+                migration(db)
+            else:
+                for statement in migration.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(f"PRAGMA user_version={i + 1}")

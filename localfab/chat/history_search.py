@@ -10,9 +10,13 @@ find its message as surely as all of them would.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 FTS_TABLE = "messages_fts"
 
@@ -166,3 +170,54 @@ def split_hits(snippet: str) -> list[tuple[str, bool]]:
         pieces.append((rest[start + 1 : end], True))
         rest = rest[end + 1 :]
     return [(text, hit) for text, hit in pieces if text]
+
+
+class SearchPool:
+    """Read-only connections for searches, each serving one search at a time.
+
+    Not the shared connection, and without its lock: in WAL mode a reader sees the last
+    committed state while writers go on, so nothing waits for a search. Up to `keep` idle
+    connections stay open for the next searches.
+    """
+
+    def __init__(self, path: Path, timeout: float, keep: int) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.keep = keep
+        self._idle: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(
+        self, cancelled: Callable[[], bool] | None, check_steps: int
+    ) -> Iterator[sqlite3.Connection]:
+        """A connection for one search, taken from the idle ones or opened; `cancelled` is
+        asked every `check_steps` SQLite VM steps, and True stops the query."""
+        with self._lock:
+            db = self._idle.pop() if self._idle else None
+        if db is None:
+            db = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=self.timeout
+            )
+            db.execute("PRAGMA query_only=ON")
+        if cancelled is not None:
+            db.set_progress_handler(lambda: bool(cancelled()), check_steps)
+        try:
+            yield db
+        finally:
+            db.set_progress_handler(None, 0)
+            with self._lock:
+                keep = not self._closed and len(self._idle) < self.keep
+                if keep:
+                    self._idle.append(db)
+            if not keep:
+                db.close()
+
+    def close(self) -> None:
+        """Close the idle connections; one still searching closes when its search ends."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for db in idle:
+            db.close()
