@@ -479,8 +479,8 @@ def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, An
 
     from localfab.chat.history import History
     from localfab.tui.app import make_app
-    from localfab.tui.backend import ChatOptions, LocalBackend
     from localfab.tui.fake import FakeEngine, fake_loader
+    from localfab.tui.local_backend import ChatOptions, LocalBackend
 
     reply = _long_reply(tokens)
     latencies: list[float] = []
@@ -611,7 +611,7 @@ def tui_load_stall(model: Path, *, runs: int) -> dict[str, Any]:
     from localfab.chat.history import History
     from localfab.config import Config, default_paths
     from localfab.tui.app import make_app
-    from localfab.tui.backend import LocalBackend, model_loader
+    from localfab.tui.local_backend import LocalBackend, model_loader
 
     stalls: list[float] = []
     loads: list[float] = []
@@ -734,7 +734,8 @@ def tui_decode(model: Path, *, runs: int, n_gen: int, threads: int | None) -> di
     from localfab.config import Config, default_paths
     from localfab.engine import SamplingParams
     from localfab.tui.app import make_app
-    from localfab.tui.backend import ChatOptions, LocalBackend, ReplyFinished, model_loader
+    from localfab.tui.backend import ReplyFinished
+    from localfab.tui.local_backend import ChatOptions, LocalBackend, model_loader
 
     exe = shutil.which("localfab", path=str(Path(sys.executable).parent)) or "localfab"
     app_speed: list[float] = []

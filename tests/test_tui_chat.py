@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from localfab.tui.backend import ChatOptions
 from localfab.tui.fake import SAMPLE_REPLY, FakeEngine
+from localfab.tui.local_backend import ChatOptions
 from localfab.tui.widgets.dialogs import ErrorDialog
 from localfab.tui.widgets.messages import ShiftDivider
 from localfab.tui.widgets.prompt import PromptBox
@@ -359,13 +359,8 @@ def weights_loader(total: int, gate: threading.Event, seen: list[float]):
     `weights_progress`), holding at half-way until `gate` is set."""
     from localfab.chat.prompt import PromptBuilder
     from localfab.errors import LoadCancelled
-    from localfab.tui.backend import (
-        WEIGHTS_START,
-        Loaded,
-        LoadProgress,
-        ModelInfo,
-        weights_progress,
-    )
+    from localfab.tui.backend import LoadProgress, ModelCard
+    from localfab.tui.local_backend import WEIGHTS_START, ChatModel, weights_progress
 
     def load(progress, cancel):
         progress(LoadProgress("loading weights", WEIGHTS_START, "plan"))
@@ -377,8 +372,8 @@ def weights_loader(total: int, gate: threading.Event, seen: list[float]):
                 raise LoadCancelled("the model load was cancelled")
             seen.append(i / total)
         eng = FakeEngine()
-        info = ModelInfo("fake-model", "/m.gguf", eng.n_ctx, 0, 18)
-        return Loaded(eng, PromptBuilder(eng), info, eng.close)
+        info = ModelCard("fake-model", "/m.gguf", eng.n_ctx, 0, 18)
+        return ChatModel(eng, PromptBuilder(eng), info, eng.close)
 
     return load
 
@@ -387,7 +382,7 @@ async def test_the_load_bar_shows_the_weights_fraction_and_cancel_stops_them(his
     from textual.widgets import ProgressBar
 
     from localfab.tui.app import make_app
-    from localfab.tui.backend import LocalBackend
+    from localfab.tui.local_backend import LocalBackend
 
     gate = threading.Event()
     seen: list[float] = []

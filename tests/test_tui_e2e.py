@@ -13,7 +13,7 @@ from localfab.chat.history import History
 from localfab.config import Config, default_paths
 from localfab.ledger.writer import Ledger, rows_to_dicts
 from localfab.tui.app import make_app
-from localfab.tui.backend import ChatOptions, LocalBackend, model_loader
+from localfab.tui.local_backend import ChatOptions, LocalBackend, model_loader
 from localfab.tui.widgets.messages import MessageView
 from tests.tui_support import wait_for
 

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from localfab.chat.history import History
-from localfab.tui.backend import ChatOptions, LocalBackend, ReplyFinished
+from localfab.tui.backend import ReplyFinished
 from localfab.tui.engine_thread import EngineThread
 from localfab.tui.fake import FakeEngine, fake_loader
+from localfab.tui.local_backend import ChatOptions, LocalBackend
 
 
 def in_thread(fn: Any) -> Any:

@@ -13,8 +13,8 @@ from localfab.gguf.facts import ModelFacts, read_facts
 from localfab.machine.probes import Machine, load_model_specs, machine_from_profile_name
 from localfab.plan import DeviceMemory, Wishes
 from localfab.tui.app import LocalfabApp, make_app
-from localfab.tui.backend import ChatOptions, LocalBackend
 from localfab.tui.fake import FakeEngine, fake_loader
+from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.screens.fit import FitScreen
 from localfab.tui.widgets.membars import MemoryBars, segment_widths
@@ -304,7 +304,7 @@ def test_the_model_loader_plans_with_the_fit_screens_wishes(monkeypatch, tmp_pat
     from localfab import runtime
     from localfab.config import Config, Paths
     from localfab.plan import DoesNotFit, plan
-    from localfab.tui.backend import model_loader
+    from localfab.tui.local_backend import model_loader
 
     asked: list[Wishes] = []
 

@@ -11,8 +11,8 @@ from textual.widgets import Button, DataTable, Static, TabbedContent
 
 from localfab.chat.history import History
 from localfab.tui.app import LocalfabApp, make_app
-from localfab.tui.backend import ChatOptions, LocalBackend
 from localfab.tui.fake import FakeEngine, fake_loader
+from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.models import ModelRow
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.screens.models import ModelsScreen
@@ -143,7 +143,7 @@ async def test_catalog_shows_checking_then_each_fit_and_errors_per_row(tmp_path:
         fake.remote[gated] = "CPU 4k"
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: cell(screen, "catalog-table", gated, "fit") == "CPU 4k")
-        assert screen.catalog_errors == {}
+        assert screen.catalog.catalog_errors == {}
     history.close()
 
 

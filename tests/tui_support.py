@@ -9,8 +9,8 @@ from textual.pilot import Pilot
 
 from localfab.chat.history import History
 from localfab.tui.app import KeymapSpec, LocalfabApp, make_app
-from localfab.tui.backend import ChatOptions, LocalBackend
 from localfab.tui.fake import FakeEngine, fake_loader
+from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.widgets.messages import MessageView
 from localfab.tui.widgets.prompt import PromptBox

@@ -18,6 +18,7 @@ from localfab.chat.fitting import fit_turns
 from localfab.chat.history import History
 from localfab.chat.prompt import PromptBuilder
 from localfab.engine import ChatEngine, Done, SamplingParams
+from localfab.engine.types import GenerationOptions
 
 # How often a growing reply is written to disk: bounded write cost, bounded loss on a crash.
 FLUSH_SECONDS = 0.25
@@ -189,15 +190,15 @@ class ReplyStreaming:
     ) -> Generator[ChatEvent, None, Done]:
         """Stream one piece of the reply (the first, or a continuation); returns its Done."""
         done: Done | None = None
-        for event in self.engine.stream(
-            run.base_prompt + run.reply_tokens,
+        options = GenerationOptions(
             max_tokens=max_tokens,
-            sampling=sampling,
+            sampling=sampling or SamplingParams(),
             stop=stop,
             cancel=cancel,
             on_context_full=on_full,
             carry=carry,
-        ):
+        )
+        for event in self.engine.stream(run.base_prompt + run.reply_tokens, options):
             while run.pending_events:
                 yield run.pending_events.pop(0)
             if isinstance(event, Done):

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from localfab.config import Config, Paths
     from localfab.gguf.facts import ModelFacts
     from localfab.plan import Wishes
+    from localfab.tui.local_backend import ChatOptions
 
 
 def last_used_model() -> str | None:
@@ -76,10 +77,9 @@ def open_app(
 ) -> None:
     """Build the app for MODEL (or a saved session) and run it until the user quits."""
     from localfab.config import default_paths
-    from localfab.engine import SamplingParams
     from localfab.store import Store
     from localfab.tui.app import LocalfabApp, make_app
-    from localfab.tui.backend import ChatOptions, LocalBackend, model_loader
+    from localfab.tui.local_backend import LocalBackend, model_loader
     from localfab.tui.models import LocalModels
 
     paths = default_paths()
@@ -93,31 +93,16 @@ def open_app(
     if new:
         session_id = None
 
-    def options(config: Config) -> ChatOptions:
-        return ChatOptions(
-            max_tokens=config.max_tokens,
-            max_continues=config.max_continues,
-            sampling=SamplingParams(
-                temperature=config.temperature,
-                top_k=config.top_k,
-                top_p=config.top_p,
-                min_p=config.min_p,
-                repeat_penalty=config.repeat_penalty,
-            ),
-        )
-
     def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
         # The settings screen may have saved new settings since the app started.
         now = app.config if app is not None else config
         loader = model_loader(name, paths, now, ctx_size=ctx_size, wishes=wishes)
         # Each reply's figures go to the usage ledger unless the settings turn it off.
         ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None
-        return LocalBackend(loader, history, name, options(now), ledger_file=ledger)
+        return LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger)
 
     def facts_for(name: str) -> ModelFacts:
-        from localfab.gguf.facts import (
-            read_facts,
-        )  # the GGUF reader loads when the fit screen opens
+        from localfab.gguf.facts import read_facts  # loaded when the fit screen opens
 
         return read_facts(Store(paths).resolve(name))
 
@@ -146,6 +131,24 @@ def open_app(
             app.backend.close()
         history.close()
     exit_with(app.return_code)
+
+
+def chat_options(config: Config) -> ChatOptions:
+    """The chat's generation settings from the configuration (read again when it changes)."""
+    from localfab.engine import SamplingParams
+    from localfab.tui.local_backend import ChatOptions
+
+    return ChatOptions(
+        max_tokens=config.max_tokens,
+        max_continues=config.max_continues,
+        sampling=SamplingParams(
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            min_p=config.min_p,
+            repeat_penalty=config.repeat_penalty,
+        ),
+    )
 
 
 def exit_with(return_code: int | None) -> None:

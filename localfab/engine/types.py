@@ -381,15 +381,7 @@ class ChatEngine(Protocol):
     def evaluate(self, tokens: Sequence[int]) -> int: ...
 
     def stream(
-        self,
-        prompt: Sequence[int],
-        *,
-        max_tokens: int = ...,
-        sampling: SamplingParams | None = ...,
-        stop: Sequence[str] = ...,
-        cancel: threading.Event | None = ...,
-        on_context_full: Callable[[list[int]], list[int] | None] | None = ...,
-        carry: bytes = ...,
+        self, prompt: Sequence[int], options: GenerationOptions
     ) -> Iterator[TokenEvent | Done]: ...
 
 

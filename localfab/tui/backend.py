@@ -1,35 +1,25 @@
-"""What the terminal app needs from a model, as a small interface, and its local implementation.
+"""What the terminal app needs from a model, as a small interface (`ChatBackend`), and the
+events and values it passes.
 
-The app never calls the engine directly: it talks to a `ChatBackend`. `LocalBackend` runs a
-`ChatSession` over a model loaded in this process; a fake engine (`localfab.tui.fake`) stands in
-for llama.cpp in tests, and a later backend can stream from a remote OpenAI-compatible server.
-Nothing here imports textual or llama_cpp: loaders import the engine inside the worker that
-calls them, after the first frame is painted.
+The app never calls the engine directly: it talks to a `ChatBackend`. `local_backend.LocalBackend`
+runs a `ChatSession` over a model loaded in this process; a fake engine (`localfab.tui.fake`)
+stands in for llama.cpp in tests, and a later backend can stream from a remote OpenAI-compatible
+server. Nothing here imports textual or llama_cpp.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from localfab.errors import LoadCancelled, UsageError
-from localfab.tui.engine_thread import EngineThread, on_engine, streamed_on_engine
+from localfab.errors import LoadCancelled
 
 __all__ = ["LoadCancelled"]  # the user cancelled a model load: re-exported for the app
 
 if TYPE_CHECKING:
-    from localfab.chat.history import History, StoredMessage
-    from localfab.chat.prompt import PromptBuilder
-    from localfab.chat.session import ChatSession
-    from localfab.config import Config, Paths
-    from localfab.engine import SamplingParams
-    from localfab.ledger.writer import LedgerWriter, ReplyRecorder
-    from localfab.machine.energy import Energy
-    from localfab.plan import Wishes
+    pass
 
 
 @dataclass(frozen=True)
@@ -42,7 +32,7 @@ class LoadProgress:
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class ModelCard:
     """What the status bar and the load screen show about a loaded model."""
 
     name: str
@@ -116,7 +106,7 @@ class ChatBackend(Protocol):
     Every method but `context_usage` and `path` (small reads) runs in a worker.
     """
 
-    def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelInfo:
+    def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelCard:
         """Load the model, reporting progress; raise `LoadCancelled` when `cancel` is set."""
         ...
 
@@ -162,351 +152,9 @@ class ChatBackend(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass
-class Loaded:
-    """What a loader hands to `LocalBackend`: an engine and its prompt builder."""
-
-    engine: Any
-    prompts: PromptBuilder
-    info: ModelInfo
-    close: Callable[[], None] = lambda: None
-    plan: Any = None  # the planner's Plan it was loaded with (for the usage ledger)
-
-
-Loader = Callable[[ProgressCallback, threading.Event], Loaded]
-
-
-@dataclass
-class ChatOptions:
-    """Per-session generation settings."""
-
-    max_tokens: int = -1
-    max_continues: int = 3
-    sampling: SamplingParams | None = None
-    reply_reserve: int | None = None
-
-
-@dataclass
-class LocalBackend:
-    """A ChatSession over a model loaded in this process (or over a fake engine in tests).
-
-    The model is loaded, and every reply generated, on the backend's one engine thread
-    (see `localfab.tui.engine_thread`), whichever thread calls.
-    """
-
-    loader: Loader
-    history: History | None
-    model_name: str
-    options: ChatOptions = field(default_factory=ChatOptions)
-    # Where each reply's figures go (`localfab stats`); None records nothing. Energy is measured
-    # either way, for the status bar.
-    ledger: LedgerWriter | None = None
-    ledger_file: Path | None = None  # opened (as `ledger`) by `load`, off the event loop
-    _loaded: Loaded | None = None
-    _session: ChatSession | None = None
-    _recorder: ReplyRecorder | None = None
-    engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
-
-    @on_engine
-    def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelInfo:
-        loaded = self.loader(progress, cancel)
-        if cancel.is_set():
-            loaded.close()
-            raise LoadCancelled()
-        self._loaded = loaded
-        from localfab.ledger.writer import Ledger, LedgerWriter, ReplyRecorder
-        from localfab.machine.energy import EnergyMeter
-
-        if self.ledger is None and self.ledger_file is not None:
-            self.ledger = LedgerWriter(Ledger(self.ledger_file))
-
-        self._recorder = ReplyRecorder(
-            self.ledger,
-            frontend="chat",
-            model=self.model_name,
-            plan=loaded.plan,
-            meter=EnergyMeter.for_this_machine(),
-            model_path=loaded.info.path,
-        )
-        return loaded.info
-
-    def _require(self) -> Loaded:
-        if self._loaded is None:
-            raise RuntimeError("no model is loaded")
-        return self._loaded
-
-    @on_engine
-    def open_session(self, *, session_id: int | None, system: str | None) -> list[StoredTurn]:
-        from localfab.chat.session import ChatSession
-
-        loaded = self._require()
-        if session_id is not None and self.history is not None:
-            self._session = ChatSession.resume(
-                self.history,
-                session_id,
-                loaded.engine,
-                loaded.prompts,
-                max_continues=self.options.max_continues,
-                reply_reserve=self.options.reply_reserve,
-            )
-            return self.path()
-        # The chat is stored from its first message on: an opened, unused chat leaves no trace.
-        self._session = ChatSession(
-            loaded.engine,
-            loaded.prompts,
-            system=system,
-            max_continues=self.options.max_continues,
-            reply_reserve=self.options.reply_reserve,
-        )
-        return []
+@runtime_checkable
+class ReportsWindow(Protocol):
+    """A backend that says where a resumed chat's window starts (index in its stored turns)."""
 
     @property
-    def session_id(self) -> int | None:
-        return None if self._session is None else self._session.session_id
-
-    @property
-    def window_start(self) -> int | None:
-        """Index of the first stored message in the context window (a reopened long chat)."""
-        return None if self._session is None else self._session.window_start
-
-    def _chat(self) -> ChatSession:
-        if self._session is None:
-            self.open_session(session_id=None, system=None)
-        assert self._session is not None
-        return self._session
-
-    @streamed_on_engine
-    def send(self, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
-        chat = self._chat()
-        if chat.history is None and self.history is not None:
-            chat.history = self.history
-            chat.session_id = self.history.create_session(model=self.model_name, system=chat.system)
-        events = chat.send(
-            text,
-            max_tokens=self.options.max_tokens,
-            sampling=self.options.sampling,
-            cancel=cancel,
-        )
-        yield from self._events(events)
-
-    @streamed_on_engine
-    def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
-        chat = self._chat()
-        events = chat.continue_reply(
-            max_tokens=self.options.max_tokens, sampling=self.options.sampling, cancel=cancel
-        )
-        yield from self._events(events)
-
-    @streamed_on_engine
-    def regenerate(
-        self, message_id: int | None, *, cancel: threading.Event
-    ) -> Iterator[ReplyEvent]:
-        chat = self._chat()
-        index = -1 if message_id is None else self._index(chat, message_id)
-        events = chat.regenerate(
-            index,
-            max_tokens=self.options.max_tokens,
-            sampling=self.options.sampling,
-            cancel=cancel,
-        )
-        yield from self._events(events)
-
-    @streamed_on_engine
-    def edit(self, message_id: int, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
-        chat = self._chat()
-        events = chat.edit(
-            self._index(chat, message_id),
-            text,
-            max_tokens=self.options.max_tokens,
-            sampling=self.options.sampling,
-            cancel=cancel,
-        )
-        yield from self._events(events)
-
-    def _events(self, events: Iterator[Any]) -> Iterator[ReplyEvent]:
-        """A reply's events for the app, measured and recorded in the usage ledger."""
-        recorder = self._recorder
-        if recorder is None:
-            yield from _translate(events)
-            return
-        yield from _translate(recorder.wrap(events), energy=lambda: recorder.energy)
-
-    @on_engine
-    def switch_version(self, message_id: int, step: int) -> list[StoredTurn]:
-        chat = self._chat()
-        return [_turn(m) for m in chat.switch_version(self._index(chat, message_id), step)]
-
-    def path(self) -> list[StoredTurn]:
-        chat = self._session
-        if chat is None or chat.history is None or chat.session_id is None:
-            return []
-        return [_turn(m) for m in chat.history.messages(chat.session_id)]
-
-    @staticmethod
-    def _index(chat: ChatSession, message_id: int) -> int:
-        """The place in the chat's current path of a stored message."""
-        for index, stored in chat.stored_ids().items():
-            if stored == message_id:
-                return index
-        raise UsageError("that message is not in this chat's current path: reopen the chat")
-
-    def context_usage(self) -> tuple[int, int]:
-        chat = self._session
-        if chat is None:
-            info = self._loaded.info if self._loaded else None
-            return 0, info.n_ctx if info else 0
-        return len(chat.expected_cache), chat.n_ctx
-
-    def close(self) -> None:
-        self.engine_thread.call(self._close)
-        self.engine_thread.shutdown()
-
-    def _close(self) -> None:
-        if self._loaded is not None:
-            self._loaded.close()
-            self._loaded = None
-        self._session = None
-        if self.ledger is not None:
-            self.ledger.close()  # waits for the last rows (a few ms)
-            self.ledger = None
-
-
-def _turn(m: StoredMessage) -> StoredTurn:
-    return StoredTurn(m.role, m.content, m.status, m.id, m.version, m.versions)
-
-
-def _translate(
-    events: Iterator[Any], *, energy: Callable[[], Energy | None] = lambda: None
-) -> Iterator[ReplyEvent]:
-    """ChatSession's events as the app's events, with the live figures the status bar shows.
-
-    `energy` gives the reply's measured energy once the reply has ended (None: not measured).
-    """
-    from localfab.chat.session import Continued, Reply, Shifted
-
-    for event in events:
-        if isinstance(event, Reply):
-            steps = sum(max(0, p.timings.predicted_n - 1) for p in event.pieces)
-            decode_ms = sum(p.timings.predicted_ms for p in event.pieces)
-            measured = energy()
-            per_token = None
-            if measured is not None and measured.joules is not None and event.completion_tokens:
-                per_token = measured.joules / event.completion_tokens
-            yield ReplyFinished(
-                text=event.text,
-                finish_reason=event.finish_reason,
-                completion_tokens=event.completion_tokens,
-                ttft_ms=event.timings.ttft_ms,
-                tokens_per_second=steps / decode_ms * 1e3 if decode_ms > 0 else 0.0,
-                continues=event.continues,
-                joules_per_token=per_token,
-                draft_acceptance=(
-                    event.timings.draft_acceptance if event.timings.draft_n else None
-                ),
-            )
-        elif isinstance(event, Shifted):
-            yield WindowShifted(event.turns, event.tokens, event.reprocessed)
-        elif isinstance(event, Continued):
-            yield ReplyContinued(event.count, event.limit)
-        elif event.text:
-            yield ReplyText(event.text)
-
-
-def model_loader(
-    name: str,
-    paths: Paths,
-    config: Config,
-    *,
-    ctx_size: int | None = None,
-    wishes: Wishes | None = None,
-) -> Loader:
-    """The loader for a model name or path: resolve, plan for this machine, load.
-
-    `wishes` (from the fit screen) replace the ones made from `config` and `ctx_size`.
-    """
-
-    def load(progress: ProgressCallback, cancel: threading.Event) -> Loaded:
-        from localfab.runtime import choose_model, speculation_from, wishes_from_options
-
-        progress(LoadProgress("finding and planning the model", 0.0, name))
-        choice = choose_model(name, paths, wishes or wishes_from_options(config, ctx_size=ctx_size))
-        chosen, path = choice.plan, choice.path
-        plan_lines = plan_summary(chosen)
-        detail = " · ".join(plan_lines)
-        progress(LoadProgress("loading weights", WEIGHTS_START, detail))
-        if cancel.is_set():
-            raise LoadCancelled()
-        started = time.monotonic()
-        # Speculative decoding as config.toml's [speculative] says (off unless set there).
-        speculative = speculation_from(config, paths)
-        loaded = choice.open(
-            progress=weights_progress(progress, cancel, detail), speculative=speculative
-        )
-        if cancel.is_set():
-            loaded.close()
-            raise LoadCancelled()
-        progress(LoadProgress("ready", 1.0, f"loaded in {time.monotonic() - started:.1f} s"))
-        info = ModelInfo(
-            name=name,
-            path=str(path),
-            n_ctx=loaded.engine.n_ctx,
-            gpu_layers=chosen.repeating_layers_on_gpu,
-            total_layers=chosen.n_layer,
-            plan=tuple(plan_lines),
-            notices=tuple(loaded.notices),
-            threads=loaded.engine.n_threads,
-        )
-        return Loaded(loaded.engine, loaded.prompts, info, loaded.close, plan=chosen)
-
-    return load
-
-
-# The share of the load bar before the weights start (finding and planning) and after they end
-# (creating the context and warming up).
-WEIGHTS_START = 0.05
-WEIGHTS_END = 0.95
-
-
-def weights_progress(
-    progress: ProgressCallback, cancel: threading.Event, detail: str
-) -> Callable[[float], bool]:
-    """The engine's per-tensor load progress as the app's `LoadProgress`, stopped by `cancel`.
-
-    llama.cpp reports every tensor (hundreds per model): only whole-percent steps are passed on,
-    so the UI gets at most a hundred messages per load.
-    """
-    last = -1
-
-    def on_weights(fraction: float) -> bool:
-        nonlocal last
-        if cancel.is_set():
-            return False
-        percent = int(fraction * 100)
-        if percent != last:
-            last = percent
-            share = WEIGHTS_START + (WEIGHTS_END - WEIGHTS_START) * fraction
-            progress(LoadProgress("loading weights", share, detail))
-        return True
-
-    return on_weights
-
-
-def plan_summary(chosen: Any) -> list[str]:
-    """A few short lines that say what the planner chose and why."""
-    where = f"{chosen.repeating_layers_on_gpu}/{chosen.n_layer} layers on {chosen.gpu}"
-    if not chosen.gpu:
-        where = "CPU only"
-    lines = [
-        f"context {chosen.n_ctx}",
-        f"KV {chosen.type_k}/{chosen.type_v}",
-        where,
-        f"~{chosen.predicted_tok_s:.0f} tok/s predicted",
-    ]
-    return lines + [str(r) for r in chosen.reasons[:2]]
-
-
-def model_display_name(name: str | None, path: Path | None = None) -> str:
-    """A short name for the status bar."""
-    if name:
-        return name
-    return path.name if path else "no model"
+    def window_start(self) -> int | None: ...

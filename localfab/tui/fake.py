@@ -12,12 +12,20 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 from localfab.chat.templates import BUILTIN_TEMPLATES
-from localfab.engine.types import Done, FinishReason, StopType, Timings, TokenEvent
+from localfab.engine.types import (
+    ContextFull,
+    Done,
+    FinishReason,
+    GenerationOptions,
+    StopType,
+    Timings,
+    TokenEvent,
+)
 from localfab.errors import ModelError
-from localfab.tui.backend import LoadCancelled, Loaded, LoadProgress, ModelInfo, ProgressCallback
+from localfab.tui.backend import LoadProgress, ModelCard, ProgressCallback
+from localfab.tui.local_backend import ChatModel, LoadCancelled
 
 SPECIALS = ("<bos>", "<eos>", "<|im_start|>", "<|im_end|>")
 _SPECIAL_RE = re.compile("|".join(re.escape(s) for s in SPECIALS))
@@ -144,18 +152,49 @@ class FakeEngine:
         rest = full[len(prefix) :] if full.startswith(prefix) else ""
         return self.tokenize(rest, add_special=False)
 
-    def stream(
+    def _ends_before(
         self,
-        prompt: Sequence[int],
-        *,
-        max_tokens: int = -1,
-        sampling: Any = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        on_context_full: Callable[[list[int]], list[int] | None] | None = None,
-        carry: bytes = b"",
+        token: int,
+        generated: list[int],
+        used: int,
+        max_tokens: int,
+        cancel: threading.Event | None,
+        on_context_full: ContextFull | None,
+    ) -> tuple[FinishReason, StopType] | int:
+        """Why the reply ends before `token`, or the cells in use once there is room for it
+        (after a context shift when the window is full)."""
+        if cancel is not None and cancel.is_set():
+            return "cancelled", "cancel"
+        if max_tokens > 0 and len(generated) >= max_tokens:
+            return "length", "limit"
+        if used + 1 >= self.n_ctx:
+            moved = on_context_full(generated + [token]) if on_context_full else None
+            if moved is None:
+                return "length", "context"
+            used = len(moved)
+        return used
+
+    def _pause(self, n_generated: int, cancel: threading.Event | None) -> bool:
+        """Hold at `hold_after` tokens until released, then wait the set pace; False when
+        cancelled while held."""
+        if self.hold_after is not None and n_generated == self.hold_after:
+            while not self.release.wait(0.01):
+                if cancel is not None and cancel.is_set():
+                    break
+            if cancel is not None and cancel.is_set():
+                return False
+        if self.delay:
+            if cancel is not None:
+                cancel.wait(self.delay)
+            else:
+                time.sleep(self.delay)
+        return True
+
+    def stream(
+        self, prompt: Sequence[int], options: GenerationOptions
     ) -> Iterator[TokenEvent | Done]:
-        del sampling, stop, carry
+        max_tokens, cancel = options.max_tokens, options.cancel
+        on_context_full = options.on_context_full
         started = time.monotonic()
         script = self._script(prompt)
         generated: list[int] = []
@@ -164,30 +203,14 @@ class FakeEngine:
         finish: FinishReason = "stop"
         stop_type: StopType = "eos"
         for token in script:
-            if cancel is not None and cancel.is_set():
+            ended = self._ends_before(token, generated, used, max_tokens, cancel, on_context_full)
+            if isinstance(ended, tuple):
+                finish, stop_type = ended
+                break
+            used = ended
+            if not self._pause(len(generated), cancel):
                 finish, stop_type = "cancelled", "cancel"
                 break
-            if max_tokens > 0 and len(generated) >= max_tokens:
-                finish, stop_type = "length", "limit"
-                break
-            if used + 1 >= self.n_ctx:
-                moved = on_context_full(generated + [token]) if on_context_full else None
-                if moved is None:
-                    finish, stop_type = "length", "context"
-                    break
-                used = len(moved)
-            if self.hold_after is not None and len(generated) == self.hold_after:
-                while not self.release.wait(0.01):
-                    if cancel is not None and cancel.is_set():
-                        break
-                if cancel is not None and cancel.is_set():
-                    finish, stop_type = "cancelled", "cancel"
-                    break
-            if self.delay:
-                if cancel is not None:
-                    cancel.wait(self.delay)
-                else:
-                    time.sleep(self.delay)
             generated.append(token)
             used += 1
             if first_at is None:
@@ -224,11 +247,11 @@ def fake_loader(
     steps: int = 5,
     step_delay: float = 0.0,
     fail: str | None = None,
-) -> Callable[[ProgressCallback, threading.Event], Loaded]:
+) -> Callable[[ProgressCallback, threading.Event], ChatModel]:
     """A loader that 'loads' `engine` in `steps` reported steps, or fails with `fail`."""
     from localfab.chat.prompt import PromptBuilder
 
-    def load(progress: ProgressCallback, cancel: threading.Event) -> Loaded:
+    def load(progress: ProgressCallback, cancel: threading.Event) -> ChatModel:
         eng = engine or FakeEngine()
         for i in range(steps):
             if cancel.wait(step_delay) if step_delay else cancel.is_set():
@@ -236,7 +259,7 @@ def fake_loader(
             progress(LoadProgress("loading weights", i / steps, f"step {i + 1} of {steps}"))
         if fail:
             raise ModelError(fail)
-        info = ModelInfo(
+        info = ModelCard(
             name=name,
             path=f"/models/{name}.gguf",
             n_ctx=eng.n_ctx,
@@ -244,6 +267,6 @@ def fake_loader(
             total_layers=18,
             plan=(f"context {eng.n_ctx}", "KV f16/f16", "CPU only"),
         )
-        return Loaded(eng, PromptBuilder(eng), info, eng.close)
+        return ChatModel(eng, PromptBuilder(eng), info, eng.close)
 
     return load

@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from textual import on, work
@@ -25,55 +23,41 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.timer import Timer
-from textual.widget import Widget
-from textual.widgets import Button, Footer, Label, ProgressBar, Static
-from textual.widgets.markdown import MarkdownFence
+from textual.widgets import Footer, Static
 
-from localfab.errors import LocalfabError
 from localfab.tui.backend import (
     ChatBackend,
-    LoadCancelled,
-    LoadProgress,
-    ModelInfo,
     ReplyContinued,
     ReplyFinished,
-    ReplyText,
     StoredTurn,
     WindowShifted,
 )
 from localfab.tui.clipboard import system_copy
-from localfab.tui.pacing import FramePacer, StreamingGC, cpu_share_for, max_interval_for
+from localfab.tui.pacing import StreamingGC, cpu_share_for, max_interval_for
+from localfab.tui.reply_stream import InboxItem, ReplyFailed, ReplyStream, StreamEnd
 from localfab.tui.screens.chat_parts import (
-    STREAM_END,
-    InboxItem,
-    ReplyFailed,
     ReplyJob,
-    ReportsWindow,
-    StreamEnd,
     merge_continued,
     reply_footer,
     shown_index,
 )
-from localfab.tui.screens.chat_sessions import SessionActions
+from localfab.tui.screens.chat_sessions import SessionActions, SessionOpened
 from localfab.tui.screens.chat_versions import VersionActions, VersionCommands
+from localfab.tui.widgets.chat_log import ChatLog
 from localfab.tui.widgets.dialogs import ErrorDialog
+from localfab.tui.widgets.load_panel import LoadPanel
 from localfab.tui.widgets.messages import (
     MessageView,
     ShiftDivider,
-    fence_at,
-    warm_up_highlighter,
 )
 from localfab.tui.widgets.prompt import PromptBox
-from localfab.tui.widgets.sessions import ResumeDivider, SessionsPanel
+from localfab.tui.widgets.sessions import SessionsPanel
 from localfab.tui.widgets.status import StatusBar
 from localfab.tui.widgets.versions import ChatMessage
 
 if TYPE_CHECKING:
     from localfab.tui.sessions import DeletedSession
 
-# The shortest time between two frames of a streaming reply; the pacer (see pacing.py) says when
-# waiting text is drawn, and the screen sleeps until then.
-FRAME_SECONDS = 1 / 10
 WIDE = 100  # from this width the sessions panel shows unless the user hid it
 
 
@@ -102,38 +86,12 @@ class ChatScreen(SessionActions, VersionActions):
         Binding("ctrl+l", "cancel_load", "Cancel load", id="chat.cancel_load", show=False),
     ]
 
-    @dataclass
-    class LoadProgressed(Message):
-        """The model load moved on."""
-
-        progress: LoadProgress
-
-        def can_replace(self, message: Message) -> bool:
-            return isinstance(message, ChatScreen.LoadProgressed)
-
     class InboxWoke(Message):
         """The reply's worker put something in the inbox that is shown at once (its first event,
         an end, a failure, a shift): text alone waits for the pacer's tick."""
 
         def can_replace(self, message: Message) -> bool:
             return isinstance(message, ChatScreen.InboxWoke)
-
-    @dataclass
-    class ModelLoaded(Message):
-        info: ModelInfo
-        turns: list[StoredTurn]
-        window_start: int | None = None
-
-    @dataclass
-    class ModelLoadFailed(Message):
-        reason: str
-        cancelled: bool = False
-
-    @dataclass
-    class SessionOpened(Message):
-        turns: list[StoredTurn]
-        highlight: int | None = None  # index in turns of a search hit to show
-        window_start: int | None = None  # index in turns of the first one in the window
 
     def __init__(
         self,
@@ -154,19 +112,14 @@ class ChatScreen(SessionActions, VersionActions):
         self.last_finish: str | None = None
         self.replies_finished = 0  # replies (and continuations) that ended, for tests and bench
         self._cancel = threading.Event()
-        self._load_cancel = threading.Event()
-        self._inbox: deque[InboxItem] = deque()
         self._reply: MessageView | None = None
         self._tick: Timer | None = None  # the next frame of a streaming reply
-        self._sent_at = 0.0
-        self._first_at: float | None = None
-        self._tokens = 0
-        self._ended = False  # the reply's end (its final figures) has been shown
         self._panel_user_set = False
         self._deleted: DeletedSession | None = None
         self._interrupt_at = 0.0
         self._search_notice_shown = False
-        self.pacer = FramePacer(min_interval=FRAME_SECONDS)
+        self.stream = ReplyStream()
+        self.pacer = self.stream.pacer
         self._prompt_box: PromptBox | None = None  # found once: the frame tick reads it
         self._blink = True  # the prompt's cursor blink, held steady while a reply streams
         self._gc = StreamingGC()
@@ -177,13 +130,9 @@ class ChatScreen(SessionActions, VersionActions):
         with Horizontal(id="main"):
             yield SessionsPanel(id="sessions", now=self.lf_app.clock_now)
             with Vertical(id="chat-column"):
-                with VerticalScroll(id="chat-log"):
+                with ChatLog(id="chat-log"):
                     yield Static(self._welcome(), id="welcome")
-                with Vertical(id="load-panel"):
-                    yield Label("", id="load-stage")
-                    yield ProgressBar(total=100, show_eta=False, id="load-bar")
-                    yield Static("", id="load-plan", markup=False)
-                    yield Button("Cancel load", id="load-cancel")
+                yield LoadPanel()
                 yield PromptBox(id="prompt", placeholder="Message (Enter sends, Ctrl+J new line)")
         yield StatusBar(id="status")
         yield Footer()
@@ -200,8 +149,6 @@ class ChatScreen(SessionActions, VersionActions):
 
     def on_mount(self) -> None:
         self.query_one("#chat-log").anchor()
-        self.query_one("#load-panel").display = False
-        self.query_one("#load-cancel", Button).can_focus = False  # the prompt keeps the keys
         self._prompt_box = self.query_one(PromptBox)
         self._prompt_box.focus()
         # The first frame is painted before the saved chats are listed and before the engine
@@ -217,55 +164,22 @@ class ChatScreen(SessionActions, VersionActions):
     # --- loading -------------------------------------------------------------------------------
 
     def _begin_load(self) -> None:
+        assert self.backend is not None
         self.model_loading = True
         # A full collection walks every object the app holds with the GIL held (30-60 ms here):
         # kept short while the model loads, as while a reply streams.
         self._gc.begin()
-        panel = self.query_one("#load-panel")
-        panel.display = True
-        self.query_one("#load-stage", Label).update(f"Loading {self.model_name}…")
         self.query_one(StatusBar).show_model(f"{self.model_name} (loading)", None, None)
-        self._load(self._load_cancel)
+        self.query_one(LoadPanel).start(
+            self.backend,
+            self.model_name or "",
+            session_id=self.start_session,
+            system=self.system,
+        )
 
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def _load(self, cancel: threading.Event) -> None:
-        assert self.backend is not None
-        backend = self.backend
-
-        def progress(step: LoadProgress) -> None:
-            self.post_message(self.LoadProgressed(step))
-
-        try:
-            info = backend.load(progress=progress, cancel=cancel)
-            turns = backend.open_session(session_id=self.start_session, system=self.system)
-        except LoadCancelled:
-            self.post_message(self.ModelLoadFailed("the load was cancelled", cancelled=True))
-            return
-        except LocalfabError as exc:
-            self.post_message(self.ModelLoadFailed(str(exc)))
-            return
-        except Exception as exc:  # the app must outlive any failure of a model to load
-            self.post_message(self.ModelLoadFailed(f"{type(exc).__name__}: {exc}"))
-            return
-        start = backend.window_start if isinstance(backend, ReportsWindow) else None
-        self.post_message(self.ModelLoaded(info, turns, start))
-        warm_up_highlighter()  # here, not in the first reply's first code block
-
-    @on(LoadProgressed)
-    def _load_progressed(self, event: LoadProgressed) -> None:
-        p = event.progress
-        self.query_one("#load-stage", Label).update(f"Loading {self.model_name}: {p.stage}")
-        bar = self.query_one("#load-bar", ProgressBar)
-        if p.fraction is None:
-            bar.update(total=None)
-        else:
-            bar.update(total=100, progress=round(100 * p.fraction))
-        if p.detail:
-            self.query_one("#load-plan", Static).update(p.detail)
-
-    @on(ModelLoaded)
-    async def _model_loaded(self, event: ModelLoaded) -> None:
-        self.query_one("#load-panel").display = False
+    @on(LoadPanel.Loaded)
+    async def _model_loaded(self, event: LoadPanel.Loaded) -> None:
+        self.query_one(LoadPanel).display = False
         info = event.info
         self.pacer.cpu_share = share = cpu_share_for(info.threads, os.cpu_count())
         self.pacer.max_interval = max_interval_for(share)
@@ -280,11 +194,11 @@ class ChatScreen(SessionActions, VersionActions):
         self.call_after_refresh(self._load_gc_end)
         self._show_context()
 
-    @on(ModelLoadFailed)
-    def _model_load_failed(self, event: ModelLoadFailed) -> None:
+    @on(LoadPanel.Failed)
+    def _model_load_failed(self, event: LoadPanel.Failed) -> None:
         self.model_loading = False
         self._load_gc_end()
-        self.query_one("#load-panel").display = False
+        self.query_one(LoadPanel).display = False
         self.query_one(StatusBar).show_model(f"{self.model_name} (not loaded)", None, None)
         if event.cancelled:
             self.notify("Model load cancelled.", title="Load")
@@ -295,11 +209,9 @@ class ChatScreen(SessionActions, VersionActions):
         if not self.streaming:  # a reply already begun keeps it until it ends
             self._gc.end()
 
-    @on(Button.Pressed, "#load-cancel")
     def action_cancel_load(self) -> None:
         if self.model_loading:
-            self._load_cancel.set()
-            self.query_one("#load-stage", Label).update("Cancelling…")
+            self.query_one(LoadPanel).cancel_load()
 
     # --- sending and streaming -------------------------------------------------------------------
 
@@ -330,13 +242,9 @@ class ChatScreen(SessionActions, VersionActions):
     def _start_reply(self, job: ReplyJob) -> None:
         self.streaming = True
         self._cancel = threading.Event()
-        self._sent_at = time.monotonic()
-        self._first_at = None
-        self._tokens = 0
-        self._ended = False
+        self.stream.begin()
         self.query_one("#chat-log", VerticalScroll).anchor()
         self.query_one(StatusBar).show_speed(None, None)
-        self.pacer.start()
         self._gc.begin()
         if self._prompt_box is not None:
             # A steady cursor while the reply streams: each blink is a repaint, and on shared
@@ -347,20 +255,8 @@ class ChatScreen(SessionActions, VersionActions):
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _generate(self, job: ReplyJob, cancel: threading.Event) -> None:
         # Only what is shown at once wakes the UI thread; text waits for the pacer's tick.
-        inbox, wake, first = self._inbox, self.InboxWoke, True
-        try:
-            for event in job(cancel):
-                inbox.append(event)
-                if first or not isinstance(event, ReplyText):
-                    first = False
-                    self.post_message(wake())
-        except LocalfabError as exc:
-            inbox.append(ReplyFailed(str(exc)))
-        except Exception as exc:  # shown on the reply; the chat goes on
-            inbox.append(ReplyFailed(f"{type(exc).__name__}: {exc}"))
-        finally:
-            inbox.append(STREAM_END)
-            self.post_message(wake())
+        wake = self.InboxWoke
+        self.stream.pump(job(cancel), self.stream.inbox, lambda: self.post_message(wake()))
 
     @on(InboxWoke)
     async def _woke(self) -> None:
@@ -374,10 +270,7 @@ class ChatScreen(SessionActions, VersionActions):
             self._tick = None
         if not self.streaming:
             return
-        wait = self.pacer.wait()
-        if not self._inbox:  # (not iterated: the worker appends to it meanwhile)
-            wait = max(wait, FRAME_SECONDS)
-        self._tick = self.set_timer(max(wait, 0.001), self._ticked)
+        self._tick = self.set_timer(self.stream.wait(), self._ticked)
 
     def _ticked(self) -> None:
         # Drained in the screen's own message loop, never beside a drain the worker asked for.
@@ -396,36 +289,22 @@ class ChatScreen(SessionActions, VersionActions):
             self._schedule_tick()
 
     async def _drain_inbox(self) -> None:
-        if not self._inbox:
-            return
-        if self._prompt_box is not None:
-            self.pacer.typed(self._prompt_box.last_key_at)
-        if not self.pacer.due() and all(isinstance(i, ReplyText) for i in list(self._inbox)):
+        box = self._prompt_box
+        items = self.stream.take(box.last_key_at if box is not None else None)
+        if items is None:
             return
         view = self._reply
-        batch: list[str] = []
-        while self._inbox:
-            item = self._inbox.popleft()
-            if isinstance(item, ReplyText):
-                if self._first_at is None:
-                    self._first_at = time.monotonic()
-                batch.append(item.text)
-                self._tokens += item.tokens
-                continue
-            if batch and view is not None:
-                await view.write("".join(batch))
-                batch = []
-            await self._handle(item)
-        if batch and view is not None:
-            await view.write("".join(batch))
+        for item in items:
+            if not isinstance(item, str):
+                await self._handle(item)
+            elif view is not None:
+                await view.write(item)
         self.pacer.drawn()
         # Live figures until the reply's end has shown the final ones (the end wakes the screen
         # at once, so the worker's last word may still be on its way).
-        if self.streaming and self._first_at is not None and not self._ended:
-            elapsed = time.monotonic() - self._first_at
-            ttft = (self._first_at - self._sent_at) * 1e3
-            speed = (self._tokens - 1) / elapsed if elapsed > 0.2 and self._tokens > 1 else None
-            self.query_one(StatusBar).show_speed(ttft, speed)
+        figures = self.stream.live_figures() if self.streaming else None
+        if figures is not None:
+            self.query_one(StatusBar).show_speed(*figures)
 
     async def _handle(self, item: InboxItem) -> None:
         view = self._reply
@@ -440,7 +319,7 @@ class ChatScreen(SessionActions, VersionActions):
             if view is not None:
                 view.set_footer(f"continuing ({item.count}/{item.limit})…")
         elif isinstance(item, ReplyFinished):
-            self._ended = True
+            self.stream.ended = True
             self.last_finish = item.finish_reason
             if view is not None:
                 await view.end_stream()
@@ -512,45 +391,25 @@ class ChatScreen(SessionActions, VersionActions):
         self._user_view = None
         self._start_reply(lambda cancel: backend.continue_reply(cancel=cancel))
 
-    async def action_new_chat(self) -> None:
-        if self.streaming or not self.loaded:
-            return
-        self._open(None)
-
-    def action_toggle_sessions(self) -> None:
-        panel = self.query_one(SessionsPanel)
-        self._panel_user_set = True
-        panel.display = not panel.display
-        if panel.display:
-            self.refresh_sessions()
-            panel.query_one("#sessions-list").focus()
-        else:
-            self.query_one(PromptBox).focus()
-
     def action_follow(self) -> None:
         """Scroll to the end and follow the reply again."""
         self.query_one("#chat-log", VerticalScroll).anchor()
 
     def action_copy_reply(self) -> None:
         """Copy the last reply, byte-exact (as far as it has streamed)."""
-        views = [v for v in self.query(MessageView) if v.role == "assistant" and v.text]
-        if not views:
+        text = self.query_one(ChatLog).last_reply_text()
+        if text is None:
             self.notify("There is no reply to copy yet.", severity="warning")
             return
-        self.copy_out(views[-1].text, "the last reply")
+        self.copy_out(text, "the last reply")
 
     def action_copy_code(self) -> None:
         """Copy the code block under the mouse or holding the focus, else the last one."""
-        fences = list(self.query_one("#chat-log").query(MarkdownFence))
-        if not fences:
+        code = self.query_one(ChatLog).code_to_copy(self.app.mouse_over, self.focused)
+        if code is None:
             self.notify("There is no code block to copy.", severity="warning")
             return
-        fence = fence_at(self.app.mouse_over) or fence_at(self.focused)
-        if fence not in fences:
-            fence = fences[-1]
-        assert fence is not None
-        view = next(a for a in fence.ancestors if isinstance(a, MessageView))
-        self.copy_out(view.code_of(fence), "the code block")
+        self.copy_out(code, "the code block")
 
     def copy_out(self, text: str, what: str) -> None:
         """OSC 52 now; the system clipboard in a worker (a tool may take a moment)."""
@@ -571,32 +430,6 @@ class ChatScreen(SessionActions, VersionActions):
 
     # --- sessions ------------------------------------------------------------------------------
 
-    def refresh_sessions(self) -> None:
-        store = self.lf_app.session_store
-        current = self.backend.session_id if self.backend is not None else None
-        self.query_one(SessionsPanel).show(store.list(), current)
-
-    def _open(self, session_id: int | None, *, message_id: int | None = None) -> None:
-        self._open_worker(session_id, message_id)
-
-    @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
-    def _open_worker(self, session_id: int | None, message_id: int | None = None) -> None:
-        assert self.backend is not None
-        try:
-            if message_id is not None:
-                # A search hit may be in another version: the chat opens on the path through it.
-                self.lf_app.history.switch_to(message_id)
-            turns = self.backend.open_session(session_id=session_id, system=self.system)
-        except (LocalfabError, ValueError, OSError) as exc:
-            self.app.call_from_thread(self.notify, str(exc), severity="error")
-            return
-        highlight = None
-        if message_id is not None:
-            ids = [t.message_id for t in turns]
-            highlight = ids.index(message_id) if message_id in ids else None
-        start = self.backend.window_start if isinstance(self.backend, ReportsWindow) else None
-        self.post_message(self.SessionOpened(turns, highlight, start))
-
     @on(SessionOpened)
     async def _session_opened(self, event: SessionOpened) -> None:
         await self._show_turns(
@@ -613,8 +446,7 @@ class ChatScreen(SessionActions, VersionActions):
         highlight: int | None = None,
         window_start: int | None = None,
     ) -> None:
-        log = self.query_one("#chat-log", VerticalScroll)
-        await log.remove_children()
+        log = self.query_one(ChatLog)
         self._reply = None
         self._user_view = None
         self._cancel_edit(clear=True)
@@ -622,29 +454,12 @@ class ChatScreen(SessionActions, VersionActions):
         prompt = self.query_one(PromptBox)
         prompt.earlier.clear()
         shown = merge_continued(turns)
-        if not shown:
-            await log.mount(Static(self._welcome(), id="welcome"))
-        placed = [
-            ChatMessage(
-                t.role,
-                t.content,
-                status=t.status,
-                message_id=t.message_id,
-                version=t.version,
-                versions=t.versions,
-            )
-            if t.content
-            else None
-            for t in shown
-        ]
-        views = [v for v in placed if v is not None]
-        await log.mount_all(views)
+        resume_at, left = None, 0
         if window_start and window_start < len(turns):
-            # Old turns stayed on screen but left the window when the chat was rebuilt.
+            resume_at = shown_index(turns, window_start)
             left = sum(1 for t in turns[:window_start] if t.role == "user")
-            first = next((v for v in placed[shown_index(turns, window_start) :] if v), None)
-            if left and first is not None:
-                await log.mount(ResumeDivider(left), before=first)
+        placed = await log.show(shown, welcome=self._welcome(), resume_at=resume_at, left=left)
+        views = [v for v in placed if v is not None]
         for turn in shown:
             if turn.role == "user":
                 prompt.remember(turn.content)
@@ -662,21 +477,10 @@ class ChatScreen(SessionActions, VersionActions):
             return
         hit.add_class("search-hit")
         log.anchor(False)  # stay on the hit; sending a message follows the end again
-        self.call_after_refresh(self._show_hit, hit)
-
-    def _show_hit(self, view: Widget, tries: int = 100) -> None:
-        """Scroll `view` to the top of the chat once it has been laid out: the chat opens while
-        the search screen may still be on top, and a screen below is not laid out."""
-        if not view.is_attached:
-            return
-        if not view.virtual_region.height and tries > 0:
-            self.set_timer(0.02, lambda: self._show_hit(view, tries - 1))
-            return
-        view.scroll_visible(animate=False, top=True)
+        self.call_after_refresh(log.reveal, hit)
 
     async def _drop_welcome(self) -> None:
-        for welcome in self.query("#welcome"):
-            await welcome.remove()
+        await self.query_one(ChatLog).drop_welcome()
 
     # --- quitting ------------------------------------------------------------------------------
 
@@ -686,7 +490,8 @@ class ChatScreen(SessionActions, VersionActions):
 
     async def stop_for_exit(self) -> None:
         """Stop a streaming reply and wait until it is saved (marked interrupted)."""
-        self._load_cancel.set()
+        for panel in self.query(LoadPanel):
+            panel.cancel.set()
         if self.streaming:
             self._cancel.set()
             for worker in list(self.app.workers):

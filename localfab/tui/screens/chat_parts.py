@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from textual.screen import Screen
 
-from localfab.tui.backend import ChatBackend, ReplyEvent, ReplyFinished, StoredTurn
+from localfab.tui.backend import (
+    ChatBackend,
+    ReplyEvent,
+    ReplyFinished,
+    StoredTurn,
+)
 from localfab.tui.widgets.messages import MessageView
 from localfab.tui.widgets.status import duration
 
@@ -19,29 +23,6 @@ if TYPE_CHECKING:
 
 # A reply to stream: given the cancel event, the backend's events.
 ReplyJob = Callable[[threading.Event], Iterator[ReplyEvent]]
-
-
-@dataclass(frozen=True)
-class ReplyFailed:
-    """The reply could not be generated; `reason` says why."""
-
-    reason: str
-
-
-class StreamEnd:
-    """The worker is done with this reply."""
-
-
-STREAM_END = StreamEnd()
-InboxItem = ReplyEvent | ReplyFailed | StreamEnd
-
-
-@runtime_checkable
-class ReportsWindow(Protocol):
-    """A backend that says where a resumed chat's window starts (index in its stored turns)."""
-
-    @property
-    def window_start(self) -> int | None: ...
 
 
 def merge_continued(turns: list[StoredTurn]) -> list[StoredTurn]:
@@ -105,8 +86,10 @@ class ChatHost(Screen[None]):
     """
 
     backend: ChatBackend | None
+    system: str | None
     loaded: bool
     streaming: bool
+    _panel_user_set: bool
     _reply: MessageView | None
     _deleted: DeletedSession | None
     _search_notice_shown: bool

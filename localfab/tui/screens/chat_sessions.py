@@ -7,18 +7,72 @@ class of the screen.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+
+from textual import work
+from textual.message import Message
 
 from localfab.chat.history import SearchHit
 from localfab.errors import LocalfabError
+from localfab.tui.backend import ReportsWindow, StoredTurn
 from localfab.tui.screens.chat_parts import ChatHost
 from localfab.tui.screens.search import SearchScreen
 from localfab.tui.widgets.dialogs import TextDialog
+from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.sessions import SessionsPanel
+
+
+@dataclass
+class SessionOpened(Message):
+    turns: list[StoredTurn]
+    highlight: int | None = None  # index in turns of a search hit to show
+    window_start: int | None = None  # index in turns of the first one in the window
 
 
 class SessionActions(ChatHost):
     """Saved chats, as the chat screen offers them."""
+
+    async def action_new_chat(self) -> None:
+        if self.streaming or not self.loaded:
+            return
+        self._open(None)
+
+    def action_toggle_sessions(self) -> None:
+        panel = self.query_one(SessionsPanel)
+        self._panel_user_set = True
+        panel.display = not panel.display
+        if panel.display:
+            self.refresh_sessions()
+            panel.query_one("#sessions-list").focus()
+        else:
+            self.query_one(PromptBox).focus()
+
+    def refresh_sessions(self) -> None:
+        store = self.lf_app.session_store
+        current = self.backend.session_id if self.backend is not None else None
+        self.query_one(SessionsPanel).show(store.list(), current)
+
+    def _open(self, session_id: int | None, *, message_id: int | None = None) -> None:
+        self._open_worker(session_id, message_id)
+
+    @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
+    def _open_worker(self, session_id: int | None, message_id: int | None = None) -> None:
+        assert self.backend is not None
+        try:
+            if message_id is not None:
+                # A search hit may be in another version: the chat opens on the path through it.
+                self.lf_app.history.switch_to(message_id)
+            turns = self.backend.open_session(session_id=session_id, system=self.system)
+        except (LocalfabError, ValueError, OSError) as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error")
+            return
+        highlight = None
+        if message_id is not None:
+            ids = [t.message_id for t in turns]
+            highlight = ids.index(message_id) if message_id in ids else None
+        start = self.backend.window_start if isinstance(self.backend, ReportsWindow) else None
+        self.post_message(SessionOpened(turns, highlight, start))
 
     async def action_undo_delete(self) -> None:
         if self._deleted is None:

@@ -19,8 +19,8 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 
 from localfab.errors import LocalfabError
-from localfab.tui.backend import StoredTurn
-from localfab.tui.screens.chat_parts import ChatHost, ReportsWindow
+from localfab.tui.backend import ReportsWindow, StoredTurn
+from localfab.tui.screens.chat_parts import ChatHost
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.versions import ChatMessage
 

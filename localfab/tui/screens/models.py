@@ -9,7 +9,6 @@ runs in workers; downloads run on the app-wide `PullQueue`, so they go on when t
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from textual import on, work
@@ -19,24 +18,15 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static, TabbedContent, TabPane
-from textual.worker import get_current_worker
 
 from localfab.errors import LocalfabError
 from localfab.tui.downloads import PullJob
-from localfab.tui.models import ESTIMATE, CatalogRow, ModelActions, ModelRow, ModelSource
+from localfab.tui.models import ModelActions, ModelRow, ModelSource
+from localfab.tui.widgets.catalog_pane import WIDTHS, CatalogPane, cursor_key, restore_cursor
 from localfab.tui.widgets.confirm import ConfirmDialog
 from localfab.tui.widgets.pulls import PullsPanel
-from localfab.units import format_bytes
 
 COLUMNS = ("Name", "Size", "Quant", "Arch", "Fit", "Last used")
-CATALOG_COLUMNS = ("Name", "Size", "Params", "Context", "Fit", "Status")
-# Columns whose cells change after the row is drawn keep one width ("20/29 GPU 32k",
-# "10.0 MiB kept"), so the table does not jump as verdicts and progress arrive.
-WIDTHS = {"Fit": 13, "Status": 13}
-CHECKING = "checking…"
-UNCHECKED = "can't check"
-# Header reads on the hub at once while judging the catalog's fit.
-FIT_THREADS = 4
 
 Command = tuple[str, str, Callable[[], object]]
 
@@ -117,17 +107,6 @@ class ModelsScreen(Screen[None]):
         verdict: str
 
     @dataclass
-    class CatalogLoaded(Message):
-        rows: list[CatalogRow]
-        error: str = ""
-
-    @dataclass
-    class CatalogFitJudged(Message):
-        name: str
-        verdict: str
-        error: str = ""
-
-    @dataclass
     class PullChanged(Message):
         """A download changed (progress, start, end); newer news of one job replaces older."""
 
@@ -149,10 +128,6 @@ class ModelsScreen(Screen[None]):
             actions = source
         self.actions = actions
         self.rows: list[ModelRow] = []
-        self.catalog_rows: list[CatalogRow] = []
-        self.catalog_fits: dict[str, str] = {}
-        self.catalog_errors: dict[str, str] = {}
-        self._fits_started = False
         self._listed = False
         self._unsubscribe: Callable[[], None] | None = None
 
@@ -164,15 +139,27 @@ class ModelsScreen(Screen[None]):
                 yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
                 yield Static(self._local_hint(), id="models-hint")
             with TabPane("Catalog", id="catalog-pane", disabled=self.actions is None):
-                yield Input(
-                    placeholder="Filter: name, family, size or use (/)",
-                    id="catalog-filter",
-                    compact=True,
-                )
-                yield DataTable(id="catalog-table", cursor_type="row", zebra_stripes=True)
-                yield Static("", id="catalog-detail", markup=False)
+                yield CatalogPane(self.actions, id="catalog")
         yield PullsPanel(id="pulls")
         yield Footer()
+
+    @property
+    def catalog(self) -> CatalogPane:
+        return self.query_one(CatalogPane)
+
+    @on(CatalogPane.Loaded)
+    def _catalog_loaded(self) -> None:
+        if self._tab() == "catalog-pane":
+            self.catalog.start_fit_checks()
+
+    @on(DataTable.RowSelected, "#catalog-table")
+    def _catalog_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        row = self.catalog.current_row()
+        if row is not None and row.local:
+            self.post_message(self.ModelChosen(row.local))
+        else:
+            self.action_pull()
 
     def _local_hint(self) -> str:
         if self.actions is None:
@@ -183,9 +170,6 @@ class ModelsScreen(Screen[None]):
         table = self.query_one("#models-table", DataTable)
         for column in COLUMNS:
             table.add_column(column, key=column.lower(), width=WIDTHS.get(column))
-        catalog = self.query_one("#catalog-table", DataTable)
-        for column in CATALOG_COLUMNS:
-            catalog.add_column(column, key=column.lower(), width=WIDTHS.get(column))
         self._refresh_lists()
         if self.actions is not None:
             queue = self.actions.downloads
@@ -207,22 +191,12 @@ class ModelsScreen(Screen[None]):
     def action_reload(self) -> None:
         """Read both lists again, and check again the fits that could not be checked."""
         self._refresh_lists()
-        if self.actions is not None and self._fits_started:
-            retry = [
-                r
-                for r in self.catalog_rows
-                if r.name in self.catalog_errors
-                or self.catalog_fits.get(r.name, "").startswith(ESTIMATE)
-            ]
-            for row in retry:
-                self._set_catalog_cell(row.name, "fit", CHECKING)
-            if retry:
-                self._check_fits(retry)
+        self.catalog.recheck()
 
     def _refresh_lists(self) -> None:
         self._load_rows()
         if self.actions is not None:
-            self._load_catalog()
+            self.catalog.load()
 
     @work(thread=True, exclusive=True, group="models", exit_on_error=False)
     def _load_rows(self) -> None:
@@ -239,11 +213,11 @@ class ModelsScreen(Screen[None]):
     def _rows_loaded(self, event: RowsLoaded) -> None:
         self.rows = event.rows
         table = self.query_one("#models-table", DataTable)
-        keep = self._cursor_key(table)
+        keep = cursor_key(table)
         table.clear()
         for r in event.rows:
             table.add_row(r.name, r.size, r.quant, r.arch, "…", r.last_used, key=r.name)
-        self._restore_cursor(table, keep)
+        restore_cursor(table, keep)
         hint = self.query_one("#models-hint", Static)
         if not event.rows:
             hint.update(
@@ -270,164 +244,13 @@ class ModelsScreen(Screen[None]):
         if event.row_key.value is not None:
             self.post_message(self.ModelChosen(str(event.row_key.value)))
 
-    # the catalog --------------------------------------------------------------------------------
-    @work(thread=True, exclusive=True, group="catalog", exit_on_error=False)
-    def _load_catalog(self) -> None:
-        assert self.actions is not None
-        try:
-            rows = self.actions.catalog()
-        except LocalfabError as exc:
-            self.post_message(self.CatalogLoaded([], str(exc)))
-            return
-        self.post_message(self.CatalogLoaded(rows))
-
-    @on(CatalogLoaded)
-    def _catalog_loaded(self, event: CatalogLoaded) -> None:
-        self.catalog_rows = event.rows
-        if event.error:
-            self._detail(event.error, error=True)
-        self._fill_catalog()
-        if self._tab() == "catalog-pane":
-            self._start_fit_checks()
-
-    def _visible_catalog(self) -> list[CatalogRow]:
-        text = self.query_one("#catalog-filter", Input).value
-        return [r for r in self.catalog_rows if r.matches(text)]
-
-    def _fill_catalog(self) -> None:
-        table = self.query_one("#catalog-table", DataTable)
-        keep = self._cursor_key(table)
-        table.clear()
-        for row in self._visible_catalog():
-            fit = self.catalog_fits.get(row.name, CHECKING if self._fits_started else "")
-            table.add_row(
-                row.name, row.size, row.params, row.context, fit, self._status(row), key=row.name
-            )
-        self._restore_cursor(table, keep)
-        self._show_detail()
-
-    def _start_fit_checks(self) -> None:
-        if self._fits_started or self.actions is None or not self.catalog_rows:
-            return
-        self._fits_started = True
-        self._fill_catalog()
-        self._check_fits(list(self.catalog_rows))
-
-    @work(thread=True, group="catalog-fit", exit_on_error=False)
-    def _check_fits(self, rows: list[CatalogRow]) -> None:
-        """Judge each catalog model's fit from its header on the hub; errors stay per row."""
-        assert self.actions is not None
-        actions = self.actions
-        worker = get_current_worker()
-
-        def judge(row: CatalogRow) -> None:
-            if worker.is_cancelled:
-                return
-            try:
-                verdict, error = actions.remote_fit(row), ""
-            except LocalfabError as exc:
-                verdict, error = UNCHECKED, str(exc)
-            except Exception as exc:  # noqa: BLE001 - one row's failure never breaks the list
-                verdict, error = UNCHECKED, f"{type(exc).__name__}: {exc}"
-            self.post_message(self.CatalogFitJudged(row.name, verdict, error))
-
-        with ThreadPoolExecutor(max_workers=FIT_THREADS) as pool:
-            list(pool.map(judge, rows))
-
-    @on(CatalogFitJudged)
-    def _catalog_fit_judged(self, event: CatalogFitJudged) -> None:
-        self.catalog_fits[event.name] = event.verdict
-        if event.error:
-            self.catalog_errors[event.name] = event.error
-        else:
-            self.catalog_errors.pop(event.name, None)
-        self._set_catalog_cell(event.name, "fit", event.verdict)
-        if self._catalog_key() == event.name:
-            self._show_detail()
-
-    def _set_catalog_cell(self, name: str, column: str, value: str) -> None:
-        table = self.query_one("#catalog-table", DataTable)
-        if name in {str(k.value) for k in table.rows}:
-            table.update_cell(name, column, value)
-
-    @on(Input.Changed, "#catalog-filter")
-    def _filtered(self) -> None:
-        self._fill_catalog()
-
-    @on(Input.Submitted, "#catalog-filter")
-    def _filter_done(self) -> None:
-        self.query_one("#catalog-table", DataTable).focus()
-
-    @on(DataTable.RowHighlighted, "#catalog-table")
-    def _catalog_highlighted(self) -> None:
-        self._show_detail()
-
-    @on(DataTable.RowSelected, "#catalog-table")
-    def _catalog_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
-        row = self._catalog_row()
-        if row is not None and row.local:
-            self.post_message(self.ModelChosen(row.local))
-        else:
-            self.action_pull()
-
-    def _show_detail(self) -> None:
-        row = self._catalog_row()
-        if row is None:
-            if not self.catalog_rows:
-                return
-            self._detail("No catalog model matches the filter.")
-            return
-        error = self.catalog_errors.get(row.name)
-        if error:
-            self._detail(f"{row.name}: {error}", error=True)
-            return
-        job = self._latest_job(row.name)
-        if job is not None and job.state == "failed":
-            self._detail(f"{row.name}: {job.message}", error=True)
-            return
-        here = f" · here as {row.local} (Enter chats)" if row.local else " · Enter downloads it"
-        text = f"{row.title} · {row.repo} · {row.license}{here}\n{row.note}"
-        if self.catalog_fits.get(row.name, "").startswith(ESTIMATE):
-            text += (
-                f"\n{ESTIMATE} the hub cannot be reached: the fit is estimated from the catalog's "
-                "facts of this model; Ctrl+R checks the file's own header once connected"
-            )
-        self._detail(text)
-
-    def _detail(self, text: str, *, error: bool = False) -> None:
-        detail = self.query_one("#catalog-detail", Static)
-        detail.update(text)
-        detail.set_class(error, "-error")
-
     # downloads ----------------------------------------------------------------------------------
-    def _latest_job(self, name: str) -> PullJob | None:
-        if self.actions is None:
-            return None
-        jobs = [j for j in self.actions.downloads.jobs() if j.name == name]
-        return jobs[-1] if jobs else None
-
-    def _status(self, row: CatalogRow) -> str:
-        job = self._latest_job(row.name)
-        if job is not None and job.state == "queued":
-            return "queued"
-        if job is not None and job.state == "running":
-            p = job.progress
-            return f"{100 * p.done / p.total:.0f}%" if p and p.total else "starting"
-        if row.local:
-            return "here"
-        if job is not None and job.state in ("failed", "cancelled"):
-            return job.state
-        if row.kept:
-            return f"{format_bytes(row.kept, precise=True)} kept"
-        return ""
-
     def action_pull(self) -> None:
         """Download the catalog model under the cursor (queued behind any running pull)."""
         if self.actions is None:
             self.notify("Downloads need the catalog: `localfab pull NAME`.", severity="warning")
             return
-        row = self._catalog_row() if self._tab() == "catalog-pane" else None
+        row = self.catalog.current_row() if self._tab() == "catalog-pane" else None
         if row is None:
             self.action_show_catalog()
             self.notify("Choose a model in the catalog, then press P or Enter.", timeout=4)
@@ -445,7 +268,7 @@ class ModelsScreen(Screen[None]):
         if self.actions is None:
             return
         queue = self.actions.downloads
-        row = self._catalog_row() if self._tab() == "catalog-pane" else None
+        row = self.catalog.current_row() if self._tab() == "catalog-pane" else None
         if row is not None and queue.active(row.name) is not None:
             queue.cancel(row.name)
             return
@@ -465,11 +288,7 @@ class ModelsScreen(Screen[None]):
         job = event.job
         self.query_one(PullsPanel).show(job)
         self.refresh_bindings()
-        row = next((r for r in self.catalog_rows if r.name == job.name), None)
-        if row is not None:
-            self._set_catalog_cell(row.name, "status", self._status(row))
-            if self._catalog_key() == row.name:
-                self._show_detail()
+        self.catalog.pull_changed(job)
         if job.state == "done":
             self.notify(job.message, title="Download finished", timeout=6)
             self._refresh_lists()
@@ -494,7 +313,7 @@ class ModelsScreen(Screen[None]):
         if self.actions is None:
             self.notify("Remove models with `localfab rm NAME`.", severity="warning")
             return
-        name = self._cursor_key(self.query_one("#models-table", DataTable))
+        name = cursor_key(self.query_one("#models-table", DataTable))
         if name is None:
             return
         self._ask_removal(name)
@@ -566,28 +385,28 @@ class ModelsScreen(Screen[None]):
             return
         self.query_one(TabbedContent).active = "catalog-pane"
         self.query_one("#catalog-table", DataTable).focus()
-        self._start_fit_checks()
+        self.catalog.start_fit_checks()
 
     def action_filter(self) -> None:
         if self.actions is None:
             return
         self.query_one(TabbedContent).active = "catalog-pane"
         self.query_one("#catalog-filter", Input).focus()
-        self._start_fit_checks()
+        self.catalog.start_fit_checks()
 
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.refresh_bindings()
         if event.pane.id == "catalog-pane":
-            self._start_fit_checks()
+            self.catalog.start_fit_checks()
 
     def action_chat(self) -> None:
         """Chat with the local model under the cursor (or the catalog model, once here)."""
         if self._tab() == "catalog-pane":
-            row = self._catalog_row()
+            row = self.catalog.current_row()
             name = row.local if row is not None else None
         else:
-            name = self._cursor_key(self.query_one("#models-table", DataTable))
+            name = cursor_key(self.query_one("#models-table", DataTable))
         if name:
             self.post_message(self.ModelChosen(name))
         else:
@@ -622,25 +441,3 @@ class ModelsScreen(Screen[None]):
         return commands
 
     # cursor helpers -----------------------------------------------------------------------------
-    @staticmethod
-    def _cursor_key(table: DataTable[object]) -> str | None:
-        if not table.row_count:
-            return None
-        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        return None if key is None else str(key)
-
-    @staticmethod
-    def _restore_cursor(table: DataTable[object], key: str | None) -> None:
-        if key is None:
-            return
-        try:
-            table.move_cursor(row=table.get_row_index(key), animate=False)
-        except Exception:  # noqa: BLE001 - the row went away: the cursor stays where it is
-            return
-
-    def _catalog_key(self) -> str | None:
-        return self._cursor_key(self.query_one("#catalog-table", DataTable))
-
-    def _catalog_row(self) -> CatalogRow | None:
-        key = self._catalog_key()
-        return next((r for r in self.catalog_rows if r.name == key), None)
