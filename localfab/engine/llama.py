@@ -5,10 +5,12 @@ re-detokenizes the whole reply for every new token, defaults to one thread and l
 attention off. Here the sampler is llama.cpp's C sampler chain, text is detokenized one token at
 a time, and the KV cache is reused for the longest common prefix between calls.
 
-`Engine` holds the model, its context and its tokenizer; the rest is in its own modules:
-`native` (llama.cpp's log, load and context set-up, threadpools), `kvcache` (what the cache
-holds: prefix reuse, shift, rebase), `sampling` (the sampler chain) and `generation` (the stream:
-prefill, token loop, finish).
+`Engine` is the handle: the model, its context, its tokenizer and its KV sequence, with the
+lock one generation holds. The rest is in its own modules: `native` (llama.cpp's log, load and
+context set-up, threadpools), `kvcache` (what the cache holds: prefix reuse, shift, rebase),
+`sampling` (the sampler chain), `reply` (the token step every path shares), `generation` (the
+single-sequence loop), `batch` and `slots` (continuous batching), `spec/` (speculative
+decoding) and `grammar/`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ prepare each request (parse, validate, render the chat template, tokenize, fit t
 worker thread, so the event loop only moves bytes, then await what the engine emits.
 
 The parts: `gate` (Host, CORS, loading state, API key), `plumbing` (bodies, SSE, errors),
-`dialects` (one per response shape), `generation` (jobs to responses), the handlers by area
+`dialects` (one per response shape), `respond` (jobs to responses), the handlers by area
 (`completions`, `info`) and `metrics`.
 
 A prompt that does not fit the context is llama-server's 400 `exceed_context_size_error`. With

@@ -21,9 +21,9 @@ from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect
 from localfab.server.errors import ApiError, api_error
-from localfab.server.generation import MAX_RESULTS, Prompt, respond
 from localfab.server.params import Generation, parse_generation
 from localfab.server.plumbing import json_response, read_json
+from localfab.server.respond import MAX_RESULTS, Prompt, respond
 
 if TYPE_CHECKING:
     from localfab.engine import Engine

@@ -49,16 +49,16 @@ class Dialect:
 
     # --- streams ---------------------------------------------------------------------------
 
-    def start(self, reply: shapes.Reply) -> list[dict[str, Any]]:
+    def start(self, reply: shapes.ResultMeta) -> list[dict[str, Any]]:
         """Chunks at the start of one result's stream."""
         return []
 
-    def progress(self, reply: shapes.Reply, progress: Progress) -> list[dict[str, Any]]:
+    def progress(self, reply: shapes.ResultMeta, progress: Progress) -> list[dict[str, Any]]:
         res = shapes.native_partial(reply, "", -1, 0)
         res["prompt_progress"] = progress.to_dict()
         return [res]
 
-    def token(self, reply: shapes.Reply, step: Step, n_decoded: int) -> list[dict[str, Any]]:
+    def token(self, reply: shapes.ResultMeta, step: Step, n_decoded: int) -> list[dict[str, Any]]:
         event = step.event
         res = shapes.native_partial(reply, event.text, event.token, n_decoded, event.probs)
         if step.timings is not None:
@@ -66,7 +66,7 @@ class Dialect:
         return [res]
 
     def stream_end(
-        self, reply: shapes.Reply, done: Done, tokens: Sequence[int]
+        self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int]
     ) -> list[dict[str, Any]]:
         return [self.native(reply, done, tokens, stream=True)]
 
@@ -74,7 +74,7 @@ class Dialect:
 
     def native(
         self,
-        reply: shapes.Reply,
+        reply: shapes.ResultMeta,
         done: Done,
         tokens: Sequence[int],
         *,
@@ -95,7 +95,7 @@ class Dialect:
         return res
 
     def final(
-        self, reply: shapes.Reply, done: Done, tokens: Sequence[int], probs: Probs
+        self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int], probs: Probs
     ) -> dict[str, Any]:
         return self.native(reply, done, tokens, probs=probs)
 
@@ -120,12 +120,12 @@ class Completions(Dialect):
     done_event = shapes.DONE_EVENT
     oai = True
 
-    def progress(self, reply: shapes.Reply, progress: Progress) -> list[dict[str, Any]]:
+    def progress(self, reply: shapes.ResultMeta, progress: Progress) -> list[dict[str, Any]]:
         res = shapes.cmpl_partial(reply, "")
         res["prompt_progress"] = progress.to_dict()
         return [res]
 
-    def token(self, reply: shapes.Reply, step: Step, n_decoded: int) -> list[dict[str, Any]]:
+    def token(self, reply: shapes.ResultMeta, step: Step, n_decoded: int) -> list[dict[str, Any]]:
         event = step.event
         probs = [(event.token, event.probs)] if event.probs is not None else []
         res = shapes.cmpl_partial(reply, event.text, probs)
@@ -135,14 +135,14 @@ class Completions(Dialect):
         return [res]
 
     def stream_end(
-        self, reply: shapes.Reply, done: Done, tokens: Sequence[int]
+        self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int]
     ) -> list[dict[str, Any]]:
         res = shapes.cmpl_final(reply, done, stream=True)
         self._verbose(res, lambda: self.native(reply, done, tokens, stream=True))
         return [res]
 
     def final(
-        self, reply: shapes.Reply, done: Done, tokens: Sequence[int], probs: Probs
+        self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int], probs: Probs
     ) -> dict[str, Any]:
         res = shapes.cmpl_final(reply, done, stream=False, probs=probs)
         self._verbose(res, lambda: self.native(reply, done, tokens, probs=probs))
@@ -160,16 +160,16 @@ class Chat(Dialect):
         # Per result: the probabilities of tokens whose text is still held back.
         self._held: dict[int, list[tuple[int, TokenProbs]]] = {}
 
-    def start(self, reply: shapes.Reply) -> list[dict[str, Any]]:
+    def start(self, reply: shapes.ResultMeta) -> list[dict[str, Any]]:
         # The role chunk opens every chat stream; with progress it comes with each progress.
         return [] if self.gen.return_progress else [shapes.chat_role_chunk(reply)]
 
-    def progress(self, reply: shapes.Reply, progress: Progress) -> list[dict[str, Any]]:
+    def progress(self, reply: shapes.ResultMeta, progress: Progress) -> list[dict[str, Any]]:
         res = shapes.chat_role_chunk(reply)
         res["prompt_progress"] = progress.to_dict()
         return [res]
 
-    def token(self, reply: shapes.Reply, step: Step, n_decoded: int) -> list[dict[str, Any]]:
+    def token(self, reply: shapes.ResultMeta, step: Step, n_decoded: int) -> list[dict[str, Any]]:
         event = step.event
         out = []
         if n_decoded == 1 and self.gen.return_progress:
@@ -185,14 +185,14 @@ class Chat(Dialect):
         return out
 
     def stream_end(
-        self, reply: shapes.Reply, done: Done, tokens: Sequence[int]
+        self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int]
     ) -> list[dict[str, Any]]:
         chunks = shapes.chat_final_chunks(reply, done, include_usage=self.gen.include_usage)
         self._verbose(chunks[0], lambda: self.native(reply, done, tokens, stream=True))
         return chunks
 
     def final(
-        self, reply: shapes.Reply, done: Done, tokens: Sequence[int], probs: Probs
+        self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int], probs: Probs
     ) -> dict[str, Any]:
         res = shapes.chat_final(reply, done, probs)
         self._verbose(res, lambda: self.native(reply, done, tokens, probs=probs))

@@ -54,11 +54,11 @@ class _Result:
 
     job: Job
     channel: Channel
-    reply: shapes.Reply
+    reply: shapes.ResultMeta
     tokens: list[int]
     probs: list[tuple[int, TokenProbs]] = field(default_factory=list)
 
-    def placed(self) -> shapes.Reply:
+    def placed(self) -> shapes.ResultMeta:
         """The reply's shared fields with the slot the job ran on (known once it is done)."""
         return replace(self.reply, slot=self.job.placed[0])
 
@@ -145,7 +145,7 @@ async def respond(
                 group=job_group if gen.n_cmpl > 1 else -1,
                 id_slot=gen.id_slot,
             )
-            reply = shapes.Reply(
+            reply = shapes.ResultMeta(
                 id=completion_id,
                 model=server.info.name if server.info else "",
                 fingerprint=server.settings.build_info,

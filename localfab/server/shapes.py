@@ -86,7 +86,7 @@ def _probs_entry(token: int, probs: TokenProbs) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Reply:
+class ResultMeta:
     """What every chunk of one response shares."""
 
     id: str
@@ -107,7 +107,7 @@ class Reply:
 
 
 def native_partial(
-    reply: Reply, text: str, token: int, n_decoded: int, probs: TokenProbs | None = None
+    reply: ResultMeta, text: str, token: int, n_decoded: int, probs: TokenProbs | None = None
 ) -> dict[str, Any]:
     res: dict[str, Any] = {
         "index": reply.index,
@@ -124,7 +124,7 @@ def native_partial(
 
 
 def native_final(
-    reply: Reply,
+    reply: ResultMeta,
     done: Done,
     *,
     stream: bool,
@@ -159,7 +159,7 @@ def native_final(
 # --- OpenAI /v1/completions -----------------------------------------------------------------
 
 
-def _cmpl_envelope(reply: Reply, choice: dict[str, Any]) -> dict[str, Any]:
+def _cmpl_envelope(reply: ResultMeta, choice: dict[str, Any]) -> dict[str, Any]:
     return {
         "choices": [choice],
         "created": reply.now(),
@@ -175,7 +175,7 @@ def _logprobs(probs: Sequence[tuple[int, TokenProbs]]) -> dict[str, Any] | None:
 
 
 def cmpl_partial(
-    reply: Reply, text: str, probs: Sequence[tuple[int, TokenProbs]] = ()
+    reply: ResultMeta, text: str, probs: Sequence[tuple[int, TokenProbs]] = ()
 ) -> dict[str, Any]:
     return _cmpl_envelope(
         reply,
@@ -184,7 +184,7 @@ def cmpl_partial(
 
 
 def cmpl_final(
-    reply: Reply, done: Done, *, stream: bool, probs: Sequence[tuple[int, TokenProbs]] = ()
+    reply: ResultMeta, done: Done, *, stream: bool, probs: Sequence[tuple[int, TokenProbs]] = ()
 ) -> dict[str, Any]:
     choice = {
         "text": "" if stream else done.text,
@@ -201,12 +201,12 @@ def cmpl_final(
 # --- OpenAI /v1/chat/completions ------------------------------------------------------------
 
 
-def _shifted(reply: Reply) -> bool:
+def _shifted(reply: ResultMeta) -> bool:
     return bool(reply.context_shift and reply.context_shift.get("turns"))
 
 
 def chat_final(
-    reply: Reply, done: Done, probs: Sequence[tuple[int, TokenProbs]] = ()
+    reply: ResultMeta, done: Done, probs: Sequence[tuple[int, TokenProbs]] = ()
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {
         "finish_reason": finish_reason(done),
@@ -229,7 +229,7 @@ def chat_final(
 
 
 def chat_chunk(
-    reply: Reply,
+    reply: ResultMeta,
     delta: dict[str, Any],
     finish: str | None = None,
     probs: Sequence[tuple[int, TokenProbs]] = (),
@@ -247,12 +247,14 @@ def chat_chunk(
     }
 
 
-def chat_role_chunk(reply: Reply) -> dict[str, Any]:
+def chat_role_chunk(reply: ResultMeta) -> dict[str, Any]:
     """The first chunk of every chat stream, as OpenAI and llama-server send it."""
     return chat_chunk(reply, {"role": "assistant", "content": None})
 
 
-def chat_final_chunks(reply: Reply, done: Done, *, include_usage: bool) -> list[dict[str, Any]]:
+def chat_final_chunks(
+    reply: ResultMeta, done: Done, *, include_usage: bool
+) -> list[dict[str, Any]]:
     """Empty delta with finish_reason, then usage (if asked); `timings` on the last one."""
     chunks = [chat_chunk(reply, {}, finish_reason(done))]
     if include_usage:
