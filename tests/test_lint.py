@@ -1,4 +1,4 @@
-"""The code checks CI enforces: ruff (lint, format, complexity <= 15) and mypy --strict.
+"""The code checks CI enforces: ruff (lint, format, complexity <= 12) and mypy --strict.
 
 They run as tests so that the README's one test command is also the lint gate; the settings
 live in pyproject.toml (`[tool.ruff]`, `[tool.mypy]`), so an editor's ruff and mypy agree.

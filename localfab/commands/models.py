@@ -245,36 +245,7 @@ def show(name: str, as_json: bool) -> None:
         return
     if entry is None and not path.is_file():
         raise ModelNotFound(f"{name}: {path} does not exist")
-    lines: list[tuple[str, str]] = [("name", entry.name if entry else name), ("path", str(path))]
-    if entry is not None:
-        if len(entry.files) > 1:
-            lines.append(("parts", str(len(entry.files))))
-        lines += [
-            ("size", human_size(entry.size)),
-            ("quant", entry.quant or "-"),
-            ("source", entry.source + (f" ({entry.repo})" if entry.repo else "")),
-        ]
-        if entry.revision:
-            lines.append(("revision", entry.revision))
-        if entry.sha256 and any(entry.sha256):
-            lines.append(("sha256", ", ".join(s for s in entry.sha256 if s)))
-        lines.append(("last used", human_age(entry.last_used)))
-    else:
-        lines.append(("size", human_size(path.stat().st_size)))
-    if facts is not None:
-        lines += [
-            ("architecture", str(getattr(facts, "arch", "-"))),
-            ("layers", str(getattr(facts, "n_layer", "-"))),
-            ("embedding", str(getattr(facts, "n_embd", "-"))),
-            (
-                "heads / KV heads",
-                f"{getattr(facts, 'n_head', '-')} / {getattr(facts, 'n_head_kv', '-')}",
-            ),
-            ("trained context", str(getattr(facts, "n_ctx_train", "-"))),
-            ("vocabulary", str(getattr(facts, "n_vocab", "-"))),
-            ("sliding window", str(getattr(facts, "sliding_window", None) or "none")),
-            ("chat template", "yes" if getattr(facts, "chat_template", None) else "no"),
-        ]
+    lines = _entry_lines(entry, name, path) + _facts_lines(facts)
     lines.append(("fit", fit or "unknown (no planner available)"))
     if model_plan is not None:
         lines.append(
@@ -287,6 +258,45 @@ def show(name: str, as_json: bool) -> None:
         )
         lines += [("warning", w) for w in getattr(model_plan, "warnings", ())]
     _table(lines, header=False)
+
+
+def _entry_lines(entry: ModelEntry | None, name: str, path: Path) -> list[tuple[str, str]]:
+    """`show`'s lines about the stored model: name, path, size, origin."""
+    lines: list[tuple[str, str]] = [("name", entry.name if entry else name), ("path", str(path))]
+    if entry is None:
+        return [*lines, ("size", human_size(path.stat().st_size))]
+    if len(entry.files) > 1:
+        lines.append(("parts", str(len(entry.files))))
+    lines += [
+        ("size", human_size(entry.size)),
+        ("quant", entry.quant or "-"),
+        ("source", entry.source + (f" ({entry.repo})" if entry.repo else "")),
+    ]
+    if entry.revision:
+        lines.append(("revision", entry.revision))
+    if entry.sha256 and any(entry.sha256):
+        lines.append(("sha256", ", ".join(s for s in entry.sha256 if s)))
+    lines.append(("last used", human_age(entry.last_used)))
+    return lines
+
+
+def _facts_lines(facts: Any) -> list[tuple[str, str]]:
+    """`show`'s lines about the GGUF header (none when it could not be read)."""
+    if facts is None:
+        return []
+    return [
+        ("architecture", str(getattr(facts, "arch", "-"))),
+        ("layers", str(getattr(facts, "n_layer", "-"))),
+        ("embedding", str(getattr(facts, "n_embd", "-"))),
+        (
+            "heads / KV heads",
+            f"{getattr(facts, 'n_head', '-')} / {getattr(facts, 'n_head_kv', '-')}",
+        ),
+        ("trained context", str(getattr(facts, "n_ctx_train", "-"))),
+        ("vocabulary", str(getattr(facts, "n_vocab", "-"))),
+        ("sliding window", str(getattr(facts, "sliding_window", None) or "none")),
+        ("chat template", "yes" if getattr(facts, "chat_template", None) else "no"),
+    ]
 
 
 @click.command()

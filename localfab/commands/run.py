@@ -17,9 +17,14 @@ from localfab.textsafe import json_controls, visible_controls
 from localfab.units import KV_CACHE_TYPES, usage
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from localfab.chat.session import ChatEvent, Reply
-    from localfab.engine.types import Done
+    from localfab.config import Config, Paths
+    from localfab.engine.types import Done, SamplingParams
+    from localfab.ledger.writer import Ledger, LedgerWriter, ReplyRecorder
     from localfab.machine.energy import Energy
+    from localfab.runtime import ModelChoice
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
@@ -141,10 +146,131 @@ def run(
     """
     from localfab.chat.session import ChatSession
     from localfab.config import Config, default_paths
-    from localfab.engine import SamplingParams
-    from localfab.runtime import choose_model, wishes_from_options
 
     setup_logging(verbose)
+    _check_limits(max_tokens, ctx_size, max_continues)
+    text = read_prompt(prompt)
+    if not text.strip():
+        raise UsageError("no prompt: give it as arguments or pipe it on standard input")
+
+    paths = default_paths()
+    config = Config.load(paths)
+    speculative = speculation(config, paths, spec_flags)
+    choice = _plan(
+        model,
+        paths,
+        config,
+        verbose,
+        ctx_size,
+        n_gpu_layers,
+        cache_type_k,
+        cache_type_v,
+        flash_attn,
+        threads,
+    )
+    chosen, path = choice.plan, choice.path
+    loaded = choice.open(speculative=speculative)
+    engine = loaded.engine
+    for notice in loaded.notices:
+        click.echo(f"localfab: note: {notice}", err=True)
+
+    # An explicit -n is a hard cap, as in llama.cpp; only the configured default limit is
+    # continued automatically, unless --max-continues asks for it too.
+    continues = _pick(max_continues, config.max_continues if max_tokens is None else 0)
+    max_tokens = _pick(max_tokens, config.max_tokens)
+    sampling = _sampling(config, temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    session = ChatSession(
+        engine, loaded.prompts, system=None if raw else system, max_continues=continues
+    )
+    if raw:
+        tokens = loaded.prompts.raw(text if system is None else f"{system}\n\n{text}")
+        events = session.complete(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
+    else:
+        tokens = loaded.prompts.tokens(session.window() + [{"role": "user", "content": text}])
+        events = session.send(text, max_tokens=max_tokens, sampling=sampling, stop=stop)
+    from localfab.machine.energy import Energy
+
+    writer, ledger, recorder = _recorder(config, paths, model, chosen, path, no_ledger)
+    reply = _stream(
+        recorder.wrap(events, prompt_tokens=len(tokens)), as_json=as_json, verbose=verbose
+    )
+    energy = recorder.energy or Energy(None, "", "not measured")
+    _report(reply, model, len(tokens), energy, as_json=as_json)
+    if verbose:
+        past = speculative is not None and engine.speculation_batch_past > 1
+        _report_timings(reply, energy, drafts=speculative is not None, past=past)
+    if writer is not None and ledger is not None:
+        _close_ledger(writer, ledger, recorder, verbose)
+    loaded.close()
+
+
+def _plan(
+    model: str,
+    paths: Paths,
+    config: Config,
+    verbose: int,
+    ctx_size: int | None,
+    n_gpu_layers: int | None,
+    cache_type_k: str | None,
+    cache_type_v: str | None,
+    flash_attn: str | None,
+    threads: int | None,
+) -> ModelChoice:
+    """The model and its plan: the planner picks the context, GPU layers, KV types and
+    threads for this machine, explicit options override it; -v shows the plan first, even
+    one that does not fit (which then stops here)."""
+    from localfab.runtime import choose_model, wishes_from_options
+
+    wishes = wishes_from_options(
+        config,
+        ctx_size=ctx_size,
+        n_gpu_layers=n_gpu_layers,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        flash_attn=flash_attn,
+        threads=threads,
+    )
+    choice = choose_model(model, paths, wishes, require_fit=False)
+    if verbose:
+        from localfab.commands.planning import render_plan
+
+        click.echo(render_plan(choice.plan, choice.machine), err=True)
+    choice.plan.require_fit()
+    return choice
+
+
+def _sampling(
+    config: Config,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    repeat_penalty: float | None,
+    seed: int,
+) -> SamplingParams:
+    """The options given, else the configured defaults."""
+    from localfab.engine import SamplingParams
+
+    return SamplingParams(
+        temperature=_pick(temperature, config.temperature),
+        top_k=_pick(top_k, config.top_k),
+        top_p=_pick(top_p, config.top_p),
+        min_p=_pick(min_p, config.min_p),
+        repeat_penalty=_pick(repeat_penalty, config.repeat_penalty),
+        seed=seed,
+    )
+
+
+def _close_ledger(
+    writer: LedgerWriter, ledger: Ledger, recorder: ReplyRecorder, verbose: int
+) -> None:
+    """Wait for the row to be written; -v says when it could not be."""
+    writer.close()
+    if recorder.row is not None and ledger.last_error and verbose:
+        click.echo(f"localfab: note: not recorded in the ledger: {ledger.last_error}", err=True)
+
+
+def _check_limits(max_tokens: int | None, ctx_size: int | None, max_continues: int | None) -> None:
     if max_tokens is not None and (max_tokens == 0 or max_tokens < -1):
         raise UsageError(
             f"--max-tokens must be a positive number or -1 (no limit), not {max_tokens}"
@@ -153,69 +279,16 @@ def run(
         raise UsageError(f"--ctx-size {ctx_size} is too small; use at least 16")
     if max_continues is not None and max_continues < 0:
         raise UsageError(f"--max-continues must be 0 or more, not {max_continues}")
-    text = read_prompt(prompt)
-    if not text.strip():
-        raise UsageError("no prompt: give it as arguments or pipe it on standard input")
 
-    paths = default_paths()
-    config = Config.load(paths)
-    speculative = speculation(config, paths, spec_flags)
-    # The planner picks the context, GPU layers, KV types and threads for this machine;
-    # explicit options override it, and the plan says what they cost.
-    choice = choose_model(
-        model,
-        paths,
-        wishes_from_options(
-            config,
-            ctx_size=ctx_size,
-            n_gpu_layers=n_gpu_layers,
-            cache_type_k=cache_type_k,
-            cache_type_v=cache_type_v,
-            flash_attn=flash_attn,
-            threads=threads,
-        ),
-        require_fit=False,  # -v shows the plan first, even one that does not fit
-    )
-    chosen, path = choice.plan, choice.path
-    if verbose:
-        from localfab.commands.planning import render_plan
 
-        click.echo(render_plan(chosen, choice.machine), err=True)
-    chosen.require_fit()
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
-    loaded = choice.open(speculative=speculative)
-    engine = loaded.engine
-    for notice in loaded.notices:
-        click.echo(f"localfab: note: {notice}", err=True)
 
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
-    # An explicit -n is a hard cap, as in llama.cpp; only the configured default limit is
-    # continued automatically, unless --max-continues asks for it too.
-    continues = pick(max_continues, config.max_continues if max_tokens is None else 0)
-    max_tokens = pick(max_tokens, config.max_tokens)
-
-    sampling = SamplingParams(
-        temperature=pick(temperature, config.temperature),
-        top_k=pick(top_k, config.top_k),
-        top_p=pick(top_p, config.top_p),
-        min_p=pick(min_p, config.min_p),
-        repeat_penalty=pick(repeat_penalty, config.repeat_penalty),
-        seed=seed,
-    )
-    session = ChatSession(
-        engine,
-        loaded.prompts,
-        system=None if raw else system,
-        max_continues=continues,
-    )
-    if raw:
-        tokens = loaded.prompts.raw(text if system is None else f"{system}\n\n{text}")
-        events = session.complete(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
-    else:
-        tokens = loaded.prompts.tokens(session.window() + [{"role": "user", "content": text}])
-        events = session.send(text, max_tokens=max_tokens, sampling=sampling, stop=stop)
+def _recorder(
+    config: Config, paths: Paths, model: str, chosen: Any, path: Path, no_ledger: bool
+) -> tuple[LedgerWriter | None, Ledger | None, ReplyRecorder]:
+    """The reply's recorder: energy always (for -v), a ledger row unless turned off."""
     from localfab.ledger.writer import (
         Ledger,
         LedgerWriter,
@@ -223,7 +296,7 @@ def run(
         ledger_enabled,
         ledger_path,
     )
-    from localfab.machine.energy import Energy, EnergyMeter
+    from localfab.machine.energy import EnergyMeter
 
     ledger = None
     if not no_ledger and ledger_enabled(config):
@@ -238,10 +311,11 @@ def run(
         meter=EnergyMeter.for_this_machine(),
         model_path=path,
     )
-    reply = _stream(
-        recorder.wrap(events, prompt_tokens=len(tokens)), as_json=as_json, verbose=verbose
-    )
-    energy = recorder.energy or Energy(None, "", "not measured")
+    return writer, ledger, recorder
+
+
+def _report(reply: Reply, model: str, n_prompt: int, energy: Energy, *, as_json: bool) -> None:
+    """End the streamed text, or write the one JSON object `--json` asks for."""
     out = sys.stdout
     last = reply.pieces[-1]
     if as_json:
@@ -252,7 +326,7 @@ def run(
             "stop_type": reply.stop_type,
             "stopping_word": last.stopping_word,
             "continues": reply.continues,
-            "usage": usage(len(tokens), reply.completion_tokens),
+            "usage": usage(n_prompt, reply.completion_tokens),
             "timings": reply.timings.to_dict()
             | draft_counts(reply.pieces)
             | {
@@ -266,27 +340,24 @@ def run(
     else:
         out.write("\n")
     out.flush()
-    if verbose:
-        t = reply.timings
-        steps = sum(max(0, p.timings.predicted_n - 1) for p in reply.pieces)
-        decode_ms = sum(p.timings.predicted_ms for p in reply.pieces)
-        decode = steps / decode_ms * 1e3 if decode_ms > 0 else 0.0
-        click.echo(
-            f"localfab: {t.prompt_n} prompt tokens ({t.cache_n} cached), TTFT {t.ttft_ms:.0f} ms, "
-            f"prompt {t.prompt_per_second:.1f} tok/s, decode {decode:.1f} tok/s; "
-            f"{reply.completion_tokens} tokens, {reply.continues} continuation(s), "
-            f"stop: {reply.stop_type}",
-            err=True,
-        )
-        click.echo(f"localfab: {describe_energy(energy, reply.completion_tokens)}", err=True)
-        if speculative is not None:
-            past = engine.speculation_batch_past > 1  # drafts past ONE_THREAD_CELLS
-            click.echo(f"localfab: {describe_drafts(reply.pieces, past=past)}", err=True)
-    if writer is not None and ledger is not None:
-        writer.close()
-        if recorder.row is not None and ledger.last_error and verbose:
-            click.echo(f"localfab: note: not recorded in the ledger: {ledger.last_error}", err=True)
-    loaded.close()
+
+
+def _report_timings(reply: Reply, energy: Energy, *, drafts: bool, past: bool) -> None:
+    """-v: the reply's figures on stderr."""
+    t = reply.timings
+    steps = sum(max(0, p.timings.predicted_n - 1) for p in reply.pieces)
+    decode_ms = sum(p.timings.predicted_ms for p in reply.pieces)
+    decode = steps / decode_ms * 1e3 if decode_ms > 0 else 0.0
+    click.echo(
+        f"localfab: {t.prompt_n} prompt tokens ({t.cache_n} cached), TTFT {t.ttft_ms:.0f} ms, "
+        f"prompt {t.prompt_per_second:.1f} tok/s, decode {decode:.1f} tok/s; "
+        f"{reply.completion_tokens} tokens, {reply.continues} continuation(s), "
+        f"stop: {reply.stop_type}",
+        err=True,
+    )
+    click.echo(f"localfab: {describe_energy(energy, reply.completion_tokens)}", err=True)
+    if drafts:
+        click.echo(f"localfab: {describe_drafts(reply.pieces, past=past)}", err=True)
 
 
 def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: int) -> Reply:

@@ -19,9 +19,12 @@ from localfab.errors import ModelError, UsageError
 from localfab.units import KV_CACHE_TYPES
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from localfab.config import Config
     from localfab.plan import Wishes
     from localfab.runtime import ModelChoice
+    from localfab.server import ServerSettings
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 FA_CHOICES = click.Choice(["auto", "on", "off"])
@@ -257,11 +260,11 @@ def _ledger(options: dict[str, Any], config: Config) -> Any:
     return LedgerWriter(Ledger(ledger_path(default_paths().data_dir)))
 
 
-def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Config) -> None:
-    from localfab.server import ServerSettings, create_app
-    from localfab.server.runner import connection_cap, make_foreground_server
+def _settings(name: str, options: dict[str, Any], config: Config) -> ServerSettings:
+    """The server's settings from the command line and the configured sampling defaults."""
+    from localfab.server import ServerSettings
 
-    settings = ServerSettings(
+    return ServerSettings(
         model_name=name,
         alias=options["alias"],
         api_keys=tuple(options["api_keys"]),
@@ -280,14 +283,14 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
         **sampling_defaults(options, config),
     )
 
-    path = choice.path
 
-    speculative = options["speculative"]
+def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Callable[[], Any]:
+    """Loads the model on the engine thread, once the server listens, and says so."""
 
     def loader() -> Any:
         loaded = choice.open(
-            speculative=speculative,
-            parallel=settings.n_parallel,
+            speculative=options["speculative"],
+            parallel=n_parallel,
             kv_unified=options["kv_unified"],
         )
         for notice in loaded.notices:
@@ -295,11 +298,22 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
         engine = loaded.engine
         slots = f", {engine.n_seq_max} slots of {engine.n_ctx}" if engine.n_seq_max > 1 else ""
         click.echo(
-            f"localfab: model loaded: {path.name}, context {engine.n_ctx_total} tokens{slots}",
+            f"localfab: model loaded: {choice.path.name}, context {engine.n_ctx_total} "
+            f"tokens{slots}",
             err=True,
         )
         return loaded
 
+    return loader
+
+
+def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Config) -> None:
+    from localfab.server import create_app
+    from localfab.server.runner import connection_cap, make_foreground_server
+
+    settings = _settings(name, options, config)
+    path = choice.path
+    loader = _loader(choice, options, settings.n_parallel)
     max_connections = connection_cap(settings.max_connections)
     if max_connections < settings.max_connections:
         click.echo(

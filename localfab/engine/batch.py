@@ -159,49 +159,19 @@ class BatchDecoder:
         """Put every busy slot's next tokens in the batch. Returns (slot, batch row) for each
         slot whose logits this step computes, and (slot, prompt tokens taken) for each slot
         whose prompt it feeds. Replies that end before decoding land in `out`."""
-        batch = self._batch
-        n = 0
         rows: list[tuple[Slot, int]] = []
         chunks: list[tuple[Slot, int]] = []
+        n = 0
         for slot in self.slots:
             r = slot.reply
-            if r is None or r.pending < 0:
-                continue
-            kv = slot.kv
-            if len(kv.cached) >= kv.n_ctx:
-                try:
-                    shifted = make_room(kv, r.state.opts.on_context_full, r.state.generated)
-                except LocalfabError as exc:  # the shift failed: this reply ends, not the others
-                    self._release(slot)
-                    kv.sync_after_failure()
-                    out.append(SlotEvents(slot, error=exc))
-                    continue
-                if not shifted:
-                    out.append(SlotEvents(slot, tuple(self._end(slot, "length", "context"))))
-                    continue
-                if r.spec is not None:
-                    r.spec.drafter.rebase([*kv.cached, r.pending])
-            pos = len(kv.cached)
-            self._put(batch, n, r.pending, pos, slot.id, True)
-            rows.append((slot, n))
-            n += 1
-            if r.spec is not None:
-                # Drafted tokens follow the pending one, each with its logits (the verify);
-                # room is kept for one token of every other slot.
-                t0 = time.perf_counter()
-                room = 0 if self._no_drafts else self.n_batch - n - len(self.slots)
-                assert self.spec is not None
-                state = r.state
-                drafts = self.spec.draft(r.spec, state.generated, kv, room, state.opts.max_tokens)
-                self._draft_s += time.perf_counter() - t0
-                for j, tok in enumerate(drafts):
-                    self._put(batch, n + j, tok, pos + 1 + j, slot.id, True)
-                n += len(drafts)
+            if r is not None and r.pending >= 0 and self._room_for(slot, r, out):
+                rows.append((slot, n))  # the pending token's row: its logits are sampled
+                n = self._fill_generating(slot, r, n)
         # Prompts get one micro-batch per step (chunked prefill): beside running replies, whose
         # next tokens wait for one micro-batch of prompt, not the whole prompt; and alone, so a
         # cancel (a client that hung up) stops a long prompt within one micro-batch. llama.cpp
         # computes a larger batch one micro-batch at a time anyway.
-        limit = self.n_ubatch + n
+        limit = min(self.n_ubatch + n, self.n_batch)
         for slot in self.slots:
             r = slot.reply
             if r is None or r.pending >= 0 or r.leader is not None:
@@ -209,21 +179,65 @@ class BatchDecoder:
             cancel = r.state.opts.cancel
             if cancel is not None and cancel.is_set():
                 out.append(SlotEvents(slot, tuple(self._cancelled(slot))))
-                continue
-            room = min(limit, self.n_batch) - n
-            if room <= 0:
-                continue
-            chunk = r.todo[:room]
-            start = len(slot.kv.cached)
-            last = len(chunk) == len(r.todo)
-            for i, tok in enumerate(chunk):
-                self._put(batch, n + i, tok, start + i, slot.id, last and i == len(chunk) - 1)
-            n += len(chunk)
-            chunks.append((slot, len(chunk)))
-            if last:
-                rows.append((slot, n - 1))
-        batch.n_tokens = n
+            elif limit > n:
+                taken, last = self._fill_prompt(slot, r, n, limit - n)
+                n += taken
+                chunks.append((slot, taken))
+                if last:
+                    rows.append((slot, n - 1))
+        self._batch.n_tokens = n
         return rows, chunks
+
+    def _room_for(self, slot: Slot, r: SlotReply, out: list[SlotEvents]) -> bool:
+        """Whether a generating slot has a cell for its next token, after a context shift
+        when its window is full; a reply that cannot go on ends (into `out`)."""
+        kv = slot.kv
+        if len(kv.cached) < kv.n_ctx:
+            return True
+        try:
+            shifted = make_room(kv, r.state.opts.on_context_full, r.state.generated)
+        except LocalfabError as exc:  # the shift failed: this reply ends, not the others
+            self._release(slot)
+            kv.sync_after_failure()
+            out.append(SlotEvents(slot, error=exc))
+            return False
+        if not shifted:
+            out.append(SlotEvents(slot, tuple(self._end(slot, "length", "context"))))
+            return False
+        if r.spec is not None:
+            r.spec.drafter.rebase([*kv.cached, r.pending])
+        return True
+
+    def _fill_generating(self, slot: Slot, r: SlotReply, n: int) -> int:
+        """Put a generating slot's pending token (and its draft) in the batch at row `n`;
+        returns the next free row."""
+        batch, kv = self._batch, slot.kv
+        pos = len(kv.cached)
+        self._put(batch, n, r.pending, pos, slot.id, True)
+        n += 1
+        if r.spec is not None:
+            # Drafted tokens follow the pending one, each with its logits (the verify); room
+            # is kept for one token of every other slot.
+            t0 = time.perf_counter()
+            room = 0 if self._no_drafts else self.n_batch - n - len(self.slots)
+            assert self.spec is not None
+            state = r.state
+            drafts = self.spec.draft(r.spec, state.generated, kv, room, state.opts.max_tokens)
+            self._draft_s += time.perf_counter() - t0
+            for j, tok in enumerate(drafts):
+                self._put(batch, n + j, tok, pos + 1 + j, slot.id, True)
+            n += len(drafts)
+        return n
+
+    def _fill_prompt(self, slot: Slot, r: SlotReply, n: int, room: int) -> tuple[int, bool]:
+        """Put up to `room` of a slot's prompt in the batch at row `n`: how many tokens, and
+        whether they end the prompt (its last one then has logits)."""
+        chunk = r.todo[:room]
+        start = len(slot.kv.cached)
+        last = len(chunk) == len(r.todo)
+        for i, tok in enumerate(chunk):
+            self._put(self._batch, n + i, tok, start + i, slot.id, last and i == len(chunk) - 1)
+        return len(chunk), last
 
     @staticmethod
     def _put(batch: Any, i: int, tok: int, pos: int, seq: int, logits: bool) -> None:

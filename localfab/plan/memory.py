@@ -255,14 +255,87 @@ def estimate(
     """Per-device memory, fit and decode speed of one configuration."""
     n_layer = facts.n_layer
     ngl = 0 if gpu is None else max(0, min(n_gpu_layers, n_layer + 1))
-    first_gpu_layer = n_layer + 1 - ngl if ngl else n_layer  # layers >= this are on the GPU
-    output_on_gpu = ngl >= 1
-    on_gpu = [il >= first_gpu_layer for il in range(n_layer)]
+    split = _Split(
+        ngl=ngl,
+        first_gpu_layer=n_layer + 1 - ngl if ngl else n_layer,  # layers >= this are on the GPU
+        output_on_gpu=ngl >= 1,
+    )
+    on_gpu = split.on_gpu(n_layer)
+    gpu_w, cpu_w = _weights(facts, machine, split)
     base_cells, swa_cells = kv_cells(facts, n_ctx, n_ubatch=n_ubatch, swa_full=swa_full)
+    kv = _kv_split(facts, on_gpu, n_ctx, base_cells, swa_cells, type_k, type_v, flash_attn)
+    phases = compute_phases(
+        facts, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, swa_full=swa_full
+    )
+    gpu_c, cpu_c, op_offload = _compute(facts, gpu, split, phases, n_ubatch)
+    gpu_mem = None
+    if gpu is not None:
+        # an idle GPU (nothing offloaded, op offload off) holds nothing
+        used_gpu = ngl > 0 or gpu_c > 0
+        gpu_mem = DeviceMemory(
+            device=gpu.name,
+            kind=gpu.kind,
+            available=gpu.free,
+            weights=gpu_w,
+            kv=kv.gpu,
+            compute=gpu_c,
+            reserve=gpu_reserve(gpu) if used_gpu else 0,
+            unified_memory=gpu.unified_memory,
+        )
+    cpu_available = machine.ram_available
+    if gpu_mem is not None and gpu is not None and gpu.unified_memory:
+        # GTT is system RAM: what the iGPU takes beyond its carve-out comes out of free RAM
+        cpu_available -= max(0, gpu_mem.total - gpu.vram_free)
+    cpu_mem = DeviceMemory(
+        device="CPU",
+        kind="cpu",
+        available=cpu_available,
+        weights=cpu_w,
+        kv=kv.cpu,
+        compute=cpu_c,
+        reserve=CPU_RUNTIME_RESERVE,
+    )
+    memory = (cpu_mem,) if gpu_mem is None else (gpu_mem, cpu_mem)
+    gpu_bytes, cpu_bytes, tok_s = _decode_speed(facts, machine, gpu, split, gpu_w, kv)
+    return Estimate(
+        memory=memory,
+        gpu_fits=gpu_mem is None or gpu_mem.free_left >= 0,
+        cpu_fits=cpu_mem.free_left >= 0,
+        shortfall=_shortfall(gpu, gpu_mem, cpu_mem),
+        bytes_per_token_gpu=int(gpu_bytes),
+        bytes_per_token_cpu=int(cpu_bytes),
+        tok_s=tok_s,
+        op_offload=op_offload,
+    )
 
-    # weights
+
+@dataclass(frozen=True)
+class _Split:
+    """Where the layers go: the last `ngl` of the repeating layers and the output on the GPU."""
+
+    ngl: int
+    first_gpu_layer: int
+    output_on_gpu: bool
+
+    def on_gpu(self, n_layer: int) -> list[bool]:
+        return [il >= self.first_gpu_layer for il in range(n_layer)]
+
+
+@dataclass(frozen=True)
+class _KVSplit:
+    """KV cache bytes per device, and the bytes of it one token reads at the speed's fill."""
+
+    gpu: int
+    cpu: int
+    gpu_read: float
+    cpu_read: float
+
+
+def _weights(facts: ModelFacts, machine: Machine, split: _Split) -> tuple[int, int]:
+    """Weight bytes on the GPU and on the CPU (repacked copies included there)."""
+    on_gpu = split.on_gpu(facts.n_layer)
     repack_layers, repack_output = (
-        _repack_bytes(facts) if machine.cpu.repack else ((0,) * n_layer, 0)
+        _repack_bytes(facts) if machine.cpu.repack else ((0,) * facts.n_layer, 0)
     )
     output_weights = facts.output_norm_bytes + (
         facts.token_embd_bytes if facts.output_tied else facts.output_bytes
@@ -272,16 +345,28 @@ def estimate(
     cpu_w += sum(
         b + r for b, r, g in zip(facts.layer_bytes, repack_layers, on_gpu, strict=True) if not g
     )
-    if output_on_gpu:
+    if split.output_on_gpu:
         gpu_w += output_weights
     else:
         cpu_w += facts.output_norm_bytes + facts.output_bytes + repack_output
+    return gpu_w, cpu_w
 
-    # KV cache (offload_kqv: each layer's cache lives with the layer)
+
+def _kv_split(
+    facts: ModelFacts,
+    on_gpu: list[bool],
+    n_ctx: int,
+    base_cells: int,
+    swa_cells: int,
+    type_k: str,
+    type_v: str,
+    flash_attn: bool,
+) -> _KVSplit:
+    """The KV cache per device (offload_kqv: each layer's cache lives with the layer)."""
     gpu_kv = cpu_kv = 0
     gpu_kv_read = cpu_kv_read = 0.0
     fill = max(1, int(n_ctx * KV_FILL_FOR_SPEED))
-    for il in range(n_layer):
+    for il in range(facts.n_layer):
         swa = facts.swa_layers[il]
         cells = swa_cells if swa else base_cells
         b = kv_layer_bytes(facts, il, cells, type_k=type_k, type_v=type_v, flash_attn=flash_attn)
@@ -293,11 +378,14 @@ def estimate(
         else:
             cpu_kv += b
             cpu_kv_read += read
+    return _KVSplit(gpu_kv, cpu_kv, gpu_kv_read, cpu_kv_read)
 
-    # compute buffers
-    phases = compute_phases(
-        facts, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, swa_full=swa_full
-    )
+
+def _compute(
+    facts: ModelFacts, gpu: Device | None, split: _Split, phases: ComputePhases, n_ubatch: int
+) -> tuple[int, int, bool]:
+    """Compute buffers on the GPU and the CPU, and whether prompt matmuls go to the GPU."""
+    n_layer, ngl = facts.n_layer, split.ngl
     out_buf = facts.n_vocab * 4  # host logits for one token (llama_context output buffer)
     host_inputs = 2 * facts.n_embd * n_ubatch * 4
     op_offload = gpu is not None and n_ubatch >= OP_OFFLOAD_MIN_BATCH
@@ -305,86 +393,61 @@ def estimate(
     if gpu is not None:
         gpu_c = phases.peak if (ngl or op_offload) else 0
         if op_offload and ngl < n_layer + 1:
-            gpu_c += _largest_matrix(facts, first_gpu_layer, output_on_gpu)
+            gpu_c += _largest_matrix(facts, split.first_gpu_layer, split.output_on_gpu)
         if ngl == 0 and op_offload and gpu_c + gpu_reserve(gpu) > gpu.free:
             # the GPU cannot even hold the buffer for offloaded prompt matmuls: keep it idle
             op_offload, gpu_c = False, 0
     if gpu is None or (ngl == 0 and not op_offload):
-        cpu_c = phases.peak + out_buf
-    else:
-        cpu_layers = first_gpu_layer > 0  # some repeating layers run on the CPU
-        cpu_c = out_buf + (phases.layers_peak if cpu_layers else host_inputs)
-        if not output_on_gpu and not op_offload:
-            cpu_c = out_buf + phases.peak
+        return gpu_c, phases.peak + out_buf, op_offload
+    cpu_layers = split.first_gpu_layer > 0  # some repeating layers run on the CPU
+    cpu_c = out_buf + (phases.layers_peak if cpu_layers else host_inputs)
+    if not split.output_on_gpu and not op_offload:
+        cpu_c = out_buf + phases.peak
+    return gpu_c, cpu_c, op_offload
 
-    memory: list[DeviceMemory] = []
-    shortfall = None
-    cpu_reserve = CPU_RUNTIME_RESERVE
-    gpu_mem: DeviceMemory | None = None
-    if gpu is not None:
-        # an idle GPU (nothing offloaded, op offload off) holds nothing
-        used_gpu = ngl > 0 or gpu_c > 0
-        gpu_mem = DeviceMemory(
-            device=gpu.name,
-            kind=gpu.kind,
-            available=gpu.free,
-            weights=gpu_w,
-            kv=gpu_kv,
-            compute=gpu_c,
-            reserve=gpu_reserve(gpu) if used_gpu else 0,
-            unified_memory=gpu.unified_memory,
+
+def _shortfall(
+    gpu: Device | None, gpu_mem: DeviceMemory | None, cpu_mem: DeviceMemory
+) -> str | None:
+    """What does not fit, the GPU first; None when everything does."""
+    if gpu is not None and gpu_mem is not None and gpu_mem.free_left < 0:
+        return (
+            f"{gpu.name} needs {format_bytes(gpu_mem.total)} but has {format_bytes(gpu.free)} free"
         )
-        if gpu_mem.free_left < 0:
-            shortfall = (
-                f"{gpu.name} needs {format_bytes(gpu_mem.total)} "
-                f"but has {format_bytes(gpu.free)} free"
-            )
-    cpu_available = machine.ram_available
-    if gpu_mem is not None and gpu is not None and gpu.unified_memory:
-        # GTT is system RAM: what the iGPU takes beyond its carve-out comes out of free RAM
-        cpu_available -= max(0, gpu_mem.total - gpu.vram_free)
-    cpu_mem = DeviceMemory(
-        device="CPU",
-        kind="cpu",
-        available=cpu_available,
-        weights=cpu_w,
-        kv=cpu_kv,
-        compute=cpu_c,
-        reserve=cpu_reserve,
-    )
-    if cpu_mem.free_left < 0 and shortfall is None:
+    if cpu_mem.free_left < 0:
         what = "RAM (after the iGPU's share)" if gpu is not None and gpu.unified_memory else "RAM"
-        shortfall = (
-            f"{what} needs {format_bytes(cpu_mem.total)} but has {format_bytes(cpu_available)} free"
+        return (
+            f"{what} needs {format_bytes(cpu_mem.total)} "
+            f"but has {format_bytes(cpu_mem.available)} free"
         )
-    memory.append(cpu_mem)
-    if gpu_mem is not None:
-        memory.insert(0, gpu_mem)
+    return None
 
-    # decode speed: each device streams its share of the weights and the filled KV per token
-    gpu_bytes = gpu_w + gpu_kv_read if gpu is not None else 0
+
+def _decode_speed(
+    facts: ModelFacts,
+    machine: Machine,
+    gpu: Device | None,
+    split: _Split,
+    gpu_w: int,
+    kv: _KVSplit,
+) -> tuple[float, int, float]:
+    """Bytes each device streams per token and the tok/s they allow: each device streams its
+    share of the weights and the filled KV per token."""
+    on_gpu = split.on_gpu(facts.n_layer)
+    gpu_bytes = gpu_w + kv.gpu_read if gpu is not None else 0
     # on the CPU, repacked copies are read instead of the mapped originals, and the token
     # embedding is only indexed (one row per token)
     cpu_bytes = sum(b for b, g in zip(facts.layer_bytes, on_gpu, strict=True) if not g)
-    if not output_on_gpu:
+    if not split.output_on_gpu:
         cpu_bytes += facts.output_norm_bytes + (
             facts.token_embd_bytes if facts.output_tied else facts.output_bytes
         )
-    cpu_bytes = int(cpu_bytes + cpu_kv_read)
+    cpu_bytes = int(cpu_bytes + kv.cpu_read)
     gpu_bw = gpu_bandwidth(gpu, machine) * 1e9 * BANDWIDTH_EFFICIENCY if gpu else 1.0
     cpu_bw = cpu_bandwidth(machine) * 1e9 * BANDWIDTH_EFFICIENCY
     seconds = (gpu_bytes / gpu_bw if gpu_bytes else 0.0) + cpu_bytes / cpu_bw
     tok_s = 1.0 / seconds if seconds > 0 else math.inf
-    return Estimate(
-        memory=tuple(memory),
-        gpu_fits=gpu_mem is None or gpu_mem.free_left >= 0,
-        cpu_fits=cpu_mem.free_left >= 0,
-        shortfall=shortfall,
-        bytes_per_token_gpu=int(gpu_bytes),
-        bytes_per_token_cpu=int(cpu_bytes),
-        tok_s=tok_s,
-        op_offload=op_offload,
-    )
+    return gpu_bytes, cpu_bytes, tok_s
 
 
 def gpu_bandwidth(gpu: Device, machine: Machine) -> float:

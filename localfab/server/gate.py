@@ -59,11 +59,11 @@ class Gate:
         self.server = server
         self.origins = OriginRule(server.settings.allowed_origins)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
+    def _refusal(
+        self, headers: Headers
+    ) -> tuple[int, bytes, str, list[tuple[bytes, bytes]]] | None:
+        """The 403 for a Host that is not a loopback name on a loopback bind (DNS rebinding),
+        or for an Origin not allowed; None when the request may go on."""
         host = headers.get("host")
         if self.server.settings.check_host and not host_allowed(host):
             log.warning("refused a request for host %r", host)
@@ -74,21 +74,31 @@ class Gate:
                 "another address with --host (and set --api-key)",
                 "permission_error",
             )
-            await send_simple(send, err.code, err.body(), JSON_TYPE, [])
+            return err.code, err.body(), JSON_TYPE, []
+        origin = headers.get("origin")
+        if origin is not None and not self.origins.allows(origin, host):
+            log.warning("refused a request from origin %r", origin)
+            err = ApiError(
+                f"origin {origin!r} may not use this server: start it with "
+                f"--allowed-origins {origin} (or set LOCALFAB_ORIGINS), or '*' for any "
+                "origin",
+                "permission_error",
+            )
+            return err.code, err.body(), JSON_TYPE, [(b"vary", b"Origin")]
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        refusal = self._refusal(headers)
+        if refusal is not None:
+            await send_simple(send, *refusal)
             return
         origin = headers.get("origin")
         cors: list[tuple[bytes, bytes]] = []
         if origin is not None:
-            if not self.origins.allows(origin, host):
-                log.warning("refused a request from origin %r", origin)
-                err = ApiError(
-                    f"origin {origin!r} may not use this server: start it with "
-                    f"--allowed-origins {origin} (or set LOCALFAB_ORIGINS), or '*' for any "
-                    "origin",
-                    "permission_error",
-                )
-                await send_simple(send, err.code, err.body(), JSON_TYPE, [(b"vary", b"Origin")])
-                return
             cors += [
                 (b"access-control-allow-origin", origin.encode("latin-1")),
                 (b"vary", b"Origin"),

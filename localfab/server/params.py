@@ -268,28 +268,7 @@ def parse_generation(
         n_predict = settings.n_predict
     # llama-server's limit: one result per slot.
     n_cmpl = number(body, "n_cmpl", "n", default=1, integer=True, hard=(1, settings.n_parallel))
-    seed = number(body, "seed", default=settings.seed, integer=True)
-    sampling = SamplingParams(
-        temperature=number(body, "temperature", default=settings.temperature, soft=(0, math.inf)),
-        top_k=number(body, "top_k", default=settings.top_k, integer=True, soft=(0, INT32_MAX)),
-        top_p=number(body, "top_p", default=settings.top_p, soft=(0.0, 1.0)),
-        min_p=number(body, "min_p", default=settings.min_p, soft=(0.0, 1.0)),
-        repeat_penalty=number(body, "repeat_penalty", default=settings.repeat_penalty),
-        # -1: the whole context, as llama-server; the engine clamps larger values to n_ctx.
-        repeat_last_n=number(
-            body,
-            "repeat_last_n",
-            default=SAMPLING.repeat_last_n,
-            integer=True,
-            hard=(-1, INT32_MAX),
-        ),
-        frequency_penalty=number(body, "frequency_penalty", default=0.0),
-        presence_penalty=number(body, "presence_penalty", default=0.0),
-        seed=-1 if seed == -1 else seed & 0xFFFFFFFF,
-        grammar=_grammar(body),
-        ignore_eos=boolean(body, "ignore_eos", False),
-        logit_bias=_bias_tokens(_logit_bias(body), tokenize),
-    )
+    sampling = _sampling(body, settings, tokenize)
     # llama-server has no bound; a negative count is meaningless and past a few hundred
     # alternatives a token's entry is megabytes of JSON: both are refused.
     n_probs = number(body, "n_probs", "logprobs", default=0, integer=True, hard=(0, N_PROBS_MAX))
@@ -325,6 +304,36 @@ def parse_generation(
     )
     object.__setattr__(gen, "settings_json", generation_settings(gen))
     return gen
+
+
+def _sampling(
+    body: Mapping[str, Any],
+    settings: ServerSettings,
+    tokenize: Callable[[str], list[int]] | None,
+) -> SamplingParams:
+    """The sampler settings of a request, the server's defaults where it gives none."""
+    seed = number(body, "seed", default=settings.seed, integer=True)
+    return SamplingParams(
+        temperature=number(body, "temperature", default=settings.temperature, soft=(0, math.inf)),
+        top_k=number(body, "top_k", default=settings.top_k, integer=True, soft=(0, INT32_MAX)),
+        top_p=number(body, "top_p", default=settings.top_p, soft=(0.0, 1.0)),
+        min_p=number(body, "min_p", default=settings.min_p, soft=(0.0, 1.0)),
+        repeat_penalty=number(body, "repeat_penalty", default=settings.repeat_penalty),
+        # -1: the whole context, as llama-server; the engine clamps larger values to n_ctx.
+        repeat_last_n=number(
+            body,
+            "repeat_last_n",
+            default=SAMPLING.repeat_last_n,
+            integer=True,
+            hard=(-1, INT32_MAX),
+        ),
+        frequency_penalty=number(body, "frequency_penalty", default=0.0),
+        presence_penalty=number(body, "presence_penalty", default=0.0),
+        seed=-1 if seed == -1 else seed & 0xFFFFFFFF,
+        grammar=_grammar(body),
+        ignore_eos=boolean(body, "ignore_eos", False),
+        logit_bias=_bias_tokens(_logit_bias(body), tokenize),
+    )
 
 
 def _bias_tokens(
