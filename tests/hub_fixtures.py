@@ -11,7 +11,7 @@ import pytest
 from localfab.hub import Hub, HubConfig
 from localfab.store import Store
 from tests.hf_server import FakeHub
-from tests.test_store import write_tiny_gguf
+from tests.store.test_store import write_tiny_gguf
 
 
 @pytest.fixture()

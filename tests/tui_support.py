@@ -62,6 +62,19 @@ async def wait_for(
     raise AssertionError(f"timed out waiting for {condition}")
 
 
+def palette_shows(app: LocalfabApp, text: str) -> bool:
+    """Whether the command palette is open with `text` in its first (highlighted) hit."""
+    from textual.command import CommandList, CommandPalette
+
+    screen = app.screen
+    if not isinstance(screen, CommandPalette):
+        return False
+    hits = screen.query_one(CommandList)
+    if not hits.option_count:
+        return False
+    return text in str(hits.get_option_at_index(0).prompt)
+
+
 def chat_screen(app: LocalfabApp) -> ChatScreen:
     return app.chat
 

@@ -4,7 +4,7 @@ Resuming needs the library's `file_download.http_get`: since 2.x `hf_hub_downloa
 process-unique temporary file and deletes it on failure, so an interrupted download would restart
 from zero. `http_get` takes an open file and `resume_size`, sends `Range: bytes=N-`, retries
 dropped connections itself and reports bytes through a tqdm-like class. It is not part of the
-documented API, so everything it needs is here, and `tests/test_hub_adapter.py` checks its
+documented API, so everything it needs is here, and `tests/hub/test_hf_adapter.py` checks its
 signature: a library change fails that test instead of a user's download.
 
 The helpers from `huggingface_hub.utils` (auth headers, the shared HTTP session, backoff, error

@@ -14,7 +14,7 @@ References are to the llama.cpp vendored by llama-cpp-python 0.3.36:
 - compute buffer: the peak of ggml's graph allocator over three phases of the worst-case
   (n_ubatch tokens, every output) graph: attention (the KQ masks, the KQ matrix when flash
   attention is off), feed-forward, and the logits (`n_vocab × n_ubatch` floats). Fitted to the
-  sizes llama.cpp reports for Gemma 3 270M (see `tests/test_plan.py`, calibration).
+  sizes llama.cpp reports for Gemma 3 270M (see `tests/plan/test_plan.py`, calibration).
 """
 
 from __future__ import annotations

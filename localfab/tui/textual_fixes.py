@@ -1,4 +1,4 @@
-"""Workarounds for known Textual bugs, in one place; `tests/test_tui_textual_fixes.py` fails
+"""Workarounds for known Textual bugs, in one place; `tests/tui/test_textual_fixes.py` fails
 loudly when the library changes under them.
 
 - `StylesCache.get_inner_outer` (textual 8.x) is an `lru_cache` on an instance method, so its 1,024
