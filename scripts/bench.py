@@ -435,7 +435,7 @@ def tui_first_paint(model: Path, *, runs: int) -> dict[str, Any]:
 
 def _long_reply(n_tokens: int) -> str:
     """A reply of `n_tokens` fake-engine tokens: prose, fenced code and tables, repeated."""
-    from localfab.tui.fake import FakeEngine
+    from tests.fake_engine import FakeEngine
 
     part = (
         "Here is how the keeper trimmed the lantern each night, step by step.\n\n"
@@ -479,8 +479,8 @@ def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, An
 
     from localfab.chat.history import History
     from localfab.tui.app import make_app
-    from localfab.tui.fake import FakeEngine, fake_loader
     from localfab.tui.local_backend import ChatOptions, LocalBackend
+    from tests.fake_engine import FakeEngine, fake_loader
 
     reply = _long_reply(tokens)
     latencies: list[float] = []
@@ -523,7 +523,7 @@ def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, An
                 app._driver.send_message(events.Key("x", "x"))
             while chat.streaming:
                 await pilot.pause(0.05)
-            return app.chat._tokens  # tokens the screen received
+            return app.chat.stream.tokens  # tokens the screen received
 
     with tempfile.TemporaryDirectory() as tmp:
         history = History(Path(tmp) / "sessions.sqlite3")
@@ -554,8 +554,8 @@ def tui_render_cost(*, early: int, late: int, batch: int, window: int) -> dict[s
 
     from localfab.chat.history import History
     from localfab.tui.app import make_app
-    from localfab.tui.fake import FakeEngine
     from localfab.tui.widgets.messages import MessageView
+    from tests.fake_engine import FakeEngine
 
     eng = FakeEngine()
     pieces = [

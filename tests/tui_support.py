@@ -9,12 +9,12 @@ from textual.pilot import Pilot
 
 from localfab.chat.history import History
 from localfab.tui.app import KeymapSpec, LocalfabApp, make_app
-from localfab.tui.fake import FakeEngine, fake_loader
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.widgets.messages import MessageView
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.sessions import SessionsPanel  # noqa: F401
+from tests.fake_engine import FakeEngine, fake_loader
 
 # A fixed "now" for the sessions panel in snapshots (2026-01-01).
 FIXED_NOW = 1_767_225_600.0

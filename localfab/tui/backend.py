@@ -2,7 +2,7 @@
 events and values it passes.
 
 The app never calls the engine directly: it talks to a `ChatBackend`. `local_backend.LocalBackend`
-runs a `ChatSession` over a model loaded in this process; a fake engine (`localfab.tui.fake`)
+runs a `ChatSession` over a model loaded in this process; a fake engine (`tests.fake_engine`)
 stands in for llama.cpp in tests, and a later backend can stream from a remote OpenAI-compatible
 server. Nothing here imports textual or llama_cpp.
 """

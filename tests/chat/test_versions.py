@@ -17,7 +17,7 @@ from localfab.chat.prompt import PromptBuilder
 from localfab.chat.session import ChatEvent, ChatSession, Reply
 from localfab.engine import Engine, SamplingParams, TokenEvent
 from localfab.errors import ContextOverflow, UsageError
-from localfab.tui.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 
 GREEDY = SamplingParams.greedy()
 SYSTEM = "You are a terse assistant for a lighthouse keeper."

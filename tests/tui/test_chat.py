@@ -9,12 +9,12 @@ import threading
 
 import pytest
 
-from localfab.tui.fake import SAMPLE_REPLY, FakeEngine
 from localfab.tui.local_backend import ChatOptions
 from localfab.tui.widgets.dialogs import ErrorDialog
 from localfab.tui.widgets.messages import ShiftDivider
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.sessions import SessionItem, SessionsPanel
+from tests.fake_engine import SAMPLE_REPLY, FakeEngine
 from tests.tui_support import build_app, finished, loaded, replies, send, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localfab.tui.clipboard import CopyResult, code_blocks, system_copy
-from localfab.tui.fake import SAMPLE_REPLY, FakeEngine
+from tests.fake_engine import SAMPLE_REPLY, FakeEngine
 from tests.tui_support import build_app, finished, loaded, send, wait_for
 
 pytestmark = pytest.mark.anyio

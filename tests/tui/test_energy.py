@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from localfab.machine.energy import EnergyMeter, survey
-from localfab.tui.fake import FakeEngine
 from localfab.tui.local_backend import LocalBackend
+from tests.fake_engine import FakeEngine
 from tests.machine.test_energy import hwmon, no_nvml
 from tests.tui_support import build_app, wait_for
 

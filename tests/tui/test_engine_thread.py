@@ -16,8 +16,8 @@ import pytest
 from localfab.chat.history import History
 from localfab.tui.backend import ReplyFinished
 from localfab.tui.engine_thread import EngineThread
-from localfab.tui.fake import FakeEngine, fake_loader
 from localfab.tui.local_backend import ChatOptions, LocalBackend
+from tests.fake_engine import FakeEngine, fake_loader
 
 
 def in_thread(fn: Any) -> Any:

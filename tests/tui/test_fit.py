@@ -13,12 +13,12 @@ from localfab.gguf.facts import ModelFacts, read_facts
 from localfab.machine.probes import Machine, load_model_specs, machine_from_profile_name
 from localfab.plan import DeviceMemory, Wishes
 from localfab.tui.app import LocalfabApp, make_app
-from localfab.tui.fake import FakeEngine, fake_loader
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.screens.fit import FitScreen
 from localfab.tui.widgets.membars import MemoryBars, segment_widths
 from localfab.units import GiB, MiB
+from tests.fake_engine import FakeEngine, fake_loader
 from tests.gguf_fixtures import synthetic_source
 from tests.tui_support import wait_for
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from localfab.config import Config, default_paths
-from localfab.tui.fake import FakeEngine
 from localfab.tui.widgets.sessions import SessionsPanel
+from tests.fake_engine import FakeEngine
 from tests.tui_support import build_app, finished, loaded, replies, send, wait_for
 
 pytestmark = pytest.mark.anyio

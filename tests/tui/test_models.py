@@ -11,13 +11,13 @@ from textual.widgets import Button, DataTable, Static, TabbedContent
 
 from localfab.chat.history import History
 from localfab.tui.app import LocalfabApp, make_app
-from localfab.tui.fake import FakeEngine, fake_loader
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.models import ModelRow
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.screens.models import ModelsScreen
 from localfab.tui.widgets.confirm import ConfirmDialog
 from localfab.tui.widgets.pulls import PullItem, PullsPanel
+from tests.fake_engine import FakeEngine, fake_loader
 from tests.tui_models_support import FakeModels
 from tests.tui_support import palette_shows, send, wait_for
 

@@ -9,7 +9,6 @@ import weakref
 
 import pytest
 
-from localfab.tui.fake import FakeEngine
 from localfab.tui.pacing import (
     SHARED_CORES_MAX_INTERVAL,
     SHARED_CORES_SHARE,
@@ -19,6 +18,7 @@ from localfab.tui.pacing import (
     cpu_share_for,
     max_interval_for,
 )
+from tests.fake_engine import FakeEngine
 
 
 class Clocks:

@@ -17,13 +17,13 @@ from textual.widgets import Input
 from localfab.chat.history import History
 from localfab.tui.app import LocalfabApp, make_app
 from localfab.tui.backend import ReportsWindow, StoredTurn
-from localfab.tui.fake import FakeEngine, fake_loader
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat_parts import shown_index
 from localfab.tui.screens.search import SearchScreen
 from localfab.tui.widgets.dialogs import TextDialog
 from localfab.tui.widgets.messages import MessageView
 from localfab.tui.widgets.sessions import AHEAD, PAGE, ResumeDivider, SessionItem, SessionsPanel
+from tests.fake_engine import FakeEngine, fake_loader
 from tests.tui_support import FIXED_NOW, build_app, loaded, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -12,10 +12,10 @@ from localfab.commands.chat import load_config
 from localfab.config import Config, Paths, save_settings
 from localfab.errors import UsageError
 from localfab.tui.app import LocalfabApp, make_app
-from localfab.tui.fake import FakeEngine, fake_loader
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.screens.settings import SettingsScreen, hub_lines
+from tests.fake_engine import FakeEngine, fake_loader
 from tests.tui_support import wait_for
 
 pytestmark = pytest.mark.anyio

@@ -16,8 +16,8 @@ from textual.widgets import DataTable, Static
 
 from localfab.chat.history import History
 from localfab.tui.app import LocalfabApp, make_app
-from localfab.tui.fake import SAMPLE_REPLY
 from localfab.tui.widgets.prompt import PromptBox
+from tests.fake_engine import SAMPLE_REPLY
 from tests.tui_models_support import FakeModels
 from tests.tui_support import FIXED_NOW, build_app, wait_for
 

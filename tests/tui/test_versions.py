@@ -13,10 +13,10 @@ from textual.pilot import Pilot
 
 from localfab.chat.history import History
 from localfab.tui.app import LocalfabApp
-from localfab.tui.fake import SAMPLE_REPLY, FakeEngine
 from localfab.tui.screens.search import SearchScreen
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.versions import ChatMessage, version_text
+from tests.fake_engine import SAMPLE_REPLY, FakeEngine
 from tests.tui_support import build_app, finished, loaded, palette_shows, send, wait_for
 
 pytestmark = pytest.mark.anyio

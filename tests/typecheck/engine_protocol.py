@@ -6,7 +6,7 @@ protocol stopped rejecting an int, mypy would fail here.
 """
 
 from localfab.engine import ChatEngine, Engine
-from localfab.tui.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 
 
 def real(e: Engine) -> ChatEngine:
