@@ -27,8 +27,8 @@ a reply being saved, and a search nobody wants any more can be stopped mid-query
 
 The tables, row types and upgrade steps are in `history_schema`, search in `history_search`,
 deleting and restoring a session's rows in `history_trash`.
-Sessions also leave as Markdown or JSON (`export_markdown`, `export_json`), and that JSON comes
-back as a new session (`import_json`).
+Sessions also leave as Markdown or JSON (`chat.transfer.export_markdown`, `export_json`), and
+that JSON comes back as a new session (`transfer.import_json`).
 """
 
 from __future__ import annotations
@@ -456,20 +456,9 @@ class History:
                 raise
 
 
-# In their own module; imported here so that `localfab.chat.history` keeps offering them.
-from localfab.chat.transfer import (  # noqa: E402
-    EXPORT_FORMAT,
-    EXPORT_VERSION,
-    export_json,
-    export_markdown,
-    import_json,
-)
-
 __all__ = [
     "SCHEMA_1",
     "SCHEMA_VERSION",
-    "EXPORT_FORMAT",
-    "EXPORT_VERSION",
     "FTS_TABLE",
     "HIT_END",
     "HIT_START",
@@ -485,9 +474,6 @@ __all__ = [
     "SearchTerms",
     "StoredMessage",
     "StoredSession",
-    "export_json",
-    "export_markdown",
-    "import_json",
     "like_snippet",
     "search_terms",
     "split_hits",

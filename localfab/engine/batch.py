@@ -43,7 +43,7 @@ from localfab.engine.types import (
 from localfab.errors import ContextOverflow, LocalfabError
 
 if TYPE_CHECKING:
-    from localfab.engine.llama import Engine
+    from localfab.engine.spec import Speculating
 
 __all__ = ["BatchDecoder", "Slot", "SlotEvents"]  # the slot types are `slots`'s
 
@@ -51,7 +51,7 @@ __all__ = ["BatchDecoder", "Slot", "SlotEvents"]  # the slot types are `slots`'s
 class BatchDecoder:
     """Replies on the engine's sequences, decoded together. Not thread-safe: one thread steps."""
 
-    def __init__(self, engine: Engine, n_slots: int | None = None) -> None:
+    def __init__(self, engine: Speculating, n_slots: int | None = None) -> None:
         """Slots on the engine's first `n_slots` sequences (default: all of them)."""
         self.engine = engine
         n = engine.n_seq_max if n_slots is None else min(max(n_slots, 1), engine.n_seq_max)

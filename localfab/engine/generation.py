@@ -24,7 +24,7 @@ from localfab.engine.reply import (
 from localfab.engine.types import Done, GenerationOptions, TokenEvent
 
 if TYPE_CHECKING:
-    from localfab.engine.llama import Engine
+    from localfab.engine.spec import Speculating
 
 
 def prefill(kv: KVCache, prompt: Sequence[int], cancel: threading.Event | None) -> int:
@@ -46,7 +46,7 @@ def prefill(kv: KVCache, prompt: Sequence[int], cancel: threading.Event | None) 
 
 
 def stream(
-    engine: Engine, prompt: Sequence[int], opts: GenerationOptions
+    engine: Speculating, prompt: Sequence[int], opts: GenerationOptions
 ) -> Iterator[TokenEvent | Done]:
     """Generate after `prompt`: TokenEvents, then one Done (see `Engine.stream`)."""
     t_start = time.perf_counter()

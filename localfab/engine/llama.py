@@ -43,6 +43,7 @@ from localfab.errors import ContextOverflow, LocalfabError, UsageError
 from localfab.gguf.modelfile import check_gguf_file
 
 if TYPE_CHECKING:
+    from localfab.engine.handle import Handle
     from localfab.engine.spec import Speculator
 
 __all__ = ["Engine", "backend_info", "measure_buffers", "physical_cores"]
@@ -389,7 +390,7 @@ class Engine:
         return 0 if self._speculator is None else self._speculator.max_batch_past
 
     @property
-    def draft_engine(self) -> Engine | None:
+    def draft_engine(self) -> Handle | None:
         """The draft model's engine with "draft-simple", else None."""
         return None if self._speculator is None else self._speculator.draft_engine
 
@@ -397,7 +398,7 @@ class Engine:
         """Load a draft model for this engine; UsageError/ModelError if it cannot draft here."""
         from localfab.engine.spec.draft_model import load_draft
 
-        return load_draft(str(path), self, n_gpu_layers)
+        return load_draft(str(path), self, n_gpu_layers, Engine)
 
     def set_speculation(self, settings: SpecSettings | None, draft: Engine | None = None) -> None:
         """Use speculative decoding for the following replies (None or spec type "none": off).

@@ -39,14 +39,14 @@ from localfab.engine.types import (
 from localfab.errors import ContextOverflow, UsageError
 
 if TYPE_CHECKING:
+    from localfab.engine.handle import Handle
     from localfab.engine.kvcache import KVCache
-    from localfab.engine.llama import Engine
 
 Logits = np.ndarray[Any, np.dtype[np.float32]]
 Ranked = tuple[tuple[tuple[int, bytes, float], ...], float]
 
 
-def check_request(engine: Engine, prompt: Sequence[int], opts: GenerationOptions) -> None:
+def check_request(engine: Handle, prompt: Sequence[int], opts: GenerationOptions) -> None:
     """UsageError / ContextOverflow for a request the engine cannot start."""
     if not prompt:
         raise UsageError("the prompt is empty")
@@ -58,7 +58,7 @@ def check_request(engine: Engine, prompt: Sequence[int], opts: GenerationOptions
 
 
 def new_sampler(
-    engine: Engine, p: SamplingParams, *, readable: bool = False
+    engine: Handle, p: SamplingParams, *, readable: bool = False
 ) -> GuardedSampler | None:
     """The samplers for one generation; None for plain greedy (see `is_fast_greedy`).
 
@@ -140,7 +140,7 @@ class ReplyState:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Handle,
         opts: GenerationOptions,
         sampler: GuardedSampler | None,
         *,

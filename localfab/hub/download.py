@@ -16,20 +16,30 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from localfab.errors import HubError, UsageError
 from localfab.hub._hf import auth_headers, download_into, has_byte_at, is_short_body, status_of
 from localfab.hub.errors import hub_error
 from localfab.hub.files import FileMeta, RemoteFile, ResolvedModel
 from localfab.hub.progress import ProgressCallback, Tracker
-from localfab.hub.refs import ModelRef, same_origin
+from localfab.hub.refs import DEFAULT_REVISION, HubConfig, ModelRef, same_origin
 from localfab.store import ModelEntry, Store, disk_free
 from localfab.store.catalog import SPLIT_RE
 from localfab.units import format_bytes
 
-if TYPE_CHECKING:
-    from localfab.hub.client import Hub
+
+class HubAccess(Protocol):
+    """What a pull asks of the hub (`localfab.hub.client.Hub` is the one in use)."""
+
+    config: HubConfig
+
+    def resolve(self, ref: ModelRef | str, *, name: str | None = None) -> ResolvedModel: ...
+
+    def metadata(self, repo: str, file: str, *, revision: str = DEFAULT_REVISION) -> FileMeta: ...
+
+    def lister(self, repo: str, revision: str) -> Sequence[RemoteFile]: ...
+
 
 # Room left on the disk beyond the download itself (the registry, logs, a little slack).
 DISK_MARGIN = 64 << 20
@@ -113,7 +123,7 @@ def already_registered(store: Store, ref: ModelRef, name: str | None) -> ModelEn
 
 
 def pull(
-    hub: Hub,
+    hub: HubAccess,
     ref: ModelRef,
     *,
     store: Store,
@@ -243,7 +253,7 @@ def _download_lock(store: Store, item: FilePlan, tracker: Tracker) -> Iterator[N
 class _Fetcher:
     """Fetches files of one pull from one hub, all pinned to one commit."""
 
-    def __init__(self, hub: Hub, tracker: Tracker, commit: str) -> None:
+    def __init__(self, hub: HubAccess, tracker: Tracker, commit: str) -> None:
         self.hub = hub
         self.config = hub.config
         self.tracker = tracker

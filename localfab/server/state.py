@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 
 from localfab.server.checks import check_bias, check_prompt
-from localfab.server.gate import KeyCheck
 from localfab.server.jobs import SlotView
+from localfab.server.keys import KeyCheck
 from localfab.server.model_info import ModelInfo
 from localfab.server.params import Generation
 from localfab.server.plumbing import read_json

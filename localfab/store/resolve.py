@@ -6,17 +6,28 @@ import difflib
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from localfab.errors import LocalfabError, ModelError, ModelNotFound
 from localfab.store.catalog import REPO_RE, Catalog, load_catalog
 from localfab.store.entry import ModelEntry
 from localfab.store.files import existing_file
-from localfab.store.registry import Models, find_key
+from localfab.store.registry import Models, Registry, find_key
 from localfab.units import format_bytes
 
-if TYPE_CHECKING:
-    from localfab.store.core import Store
+
+class StoreView(Protocol):
+    """What resolving a name reads of the store (`localfab.store.core.Store` is the one)."""
+
+    registry: Registry
+
+    def virtuals(self) -> list[ModelEntry]: ...
+
+    def virtual(self, name: str) -> ModelEntry | None: ...
+
+    def materialise(self, entry: ModelEntry) -> Path: ...
+
+    def missing_virtual(self, name: str) -> str | None: ...
 
 
 def looks_like_path(text: str) -> bool:
@@ -30,7 +41,7 @@ def looks_like_path(text: str) -> bool:
     )
 
 
-def resolve(store: Store, name: str) -> Path:
+def resolve(store: StoreView, name: str) -> Path:
     """The GGUF file to open for `name`: a path, a registered or virtual name, a repo or
     catalog name that was downloaded; `ModelNotFound` with the next step otherwise."""
     text = name.strip()
@@ -83,7 +94,7 @@ def by_catalog(entries: Iterable[ModelEntry], text: str) -> ModelEntry | None:
     return None
 
 
-def not_found_message(store: Store, text: str, models: Models) -> str:
+def not_found_message(store: StoreView, text: str, models: Models) -> str:
     """What to do when nothing is called `text`: pull it, or did you mean a close name."""
     missing = store.missing_virtual(text)
     if missing is not None:

@@ -15,10 +15,8 @@ from localfab.chat.history import (
     History,
     SearchHit,
     StoredSession,
-    export_json,
-    export_markdown,
-    import_json,
 )
+from localfab.chat.transfer import export_json, export_markdown, import_json
 from localfab.errors import UsageError
 
 __all__ = ["DeletedSession", "SessionStore"]

@@ -16,11 +16,9 @@ from localfab.chat.history import (
     SCHEMA_1,
     SCHEMA_VERSION,
     History,
-    export_json,
-    export_markdown,
-    import_json,
     split_hits,
 )
+from localfab.chat.transfer import export_json, export_markdown, import_json
 from localfab.errors import UsageError
 
 

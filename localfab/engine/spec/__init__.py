@@ -30,9 +30,21 @@ step as every path, `engine.reply.ReplyState`), `exactness` (which verifies matc
 decoding bit for bit) and `draft_model` (loading and checking a draft model).
 """
 
+from typing import Protocol
+
+from localfab.engine.handle import Handle
 from localfab.engine.spec.drafters import NGRAM_SIZES, Drafter, ModelDraft, NgramDraft
 from localfab.engine.spec.loop import Speculator
 from localfab.engine.spec.tuner import VERIFY_ROWS, SpecCosts, Tuner, fill_tiles, propose
+
+
+class Speculating(Handle, Protocol):
+    """A handle whose replies may go through speculative decoding (`Engine` is one)."""
+
+    @property
+    def speculator(self) -> Speculator | None:
+        """The speculative decoding in use; None when off."""
+
 
 __all__ = [
     "NGRAM_SIZES",
@@ -41,6 +53,7 @@ __all__ = [
     "ModelDraft",
     "NgramDraft",
     "SpecCosts",
+    "Speculating",
     "Speculator",
     "Tuner",
     "fill_tiles",

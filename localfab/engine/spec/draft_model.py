@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import llama_cpp as lc
 
+from localfab.engine.types import EngineSettings
+
 if TYPE_CHECKING:
-    from localfab.engine.llama import Engine
+    from localfab.engine.handle import Handle
+
+H = TypeVar("H", bound="Handle")
 
 
-def load_draft(path: str, target: Engine, n_gpu_layers: int | None) -> Engine:
-    """Load the draft model for `target`; ModelError/UsageError when it cannot draft for it."""
-    from localfab.engine.types import EngineSettings
+def load_draft(
+    path: str,
+    target: Handle,
+    n_gpu_layers: int | None,
+    open_engine: Callable[[str, EngineSettings], H],
+) -> H:
+    """Load the draft model for `target` with `open_engine` (the `Engine` class);
+    ModelError/UsageError when it cannot draft for it."""
     from localfab.errors import UsageError
     from localfab.units import format_bytes
 
@@ -32,7 +42,7 @@ def load_draft(path: str, target: Engine, n_gpu_layers: int | None) -> Engine:
         swa_full=True,
         warmup=s.warmup,
     )
-    draft = type(target)(path, settings)  # an Engine, without importing the handle's module
+    draft = open_engine(path, settings)
     try:
         check_vocab(draft, target)
         if draft.size > target.size:
@@ -51,7 +61,7 @@ def load_draft(path: str, target: Engine, n_gpu_layers: int | None) -> Engine:
 _VOCAB_SLACK = 128
 
 
-def check_vocab(draft: Engine, target: Engine) -> None:
+def check_vocab(draft: Handle, target: Handle) -> None:
     """UsageError unless `draft` tokenizes as `target` does (llama.cpp's own checks)."""
     from localfab.errors import UsageError
 

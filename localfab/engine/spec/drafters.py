@@ -12,7 +12,7 @@ import numpy as np
 from localfab.engine.kvcache import KVCache
 
 if TYPE_CHECKING:
-    from localfab.engine.llama import Engine
+    from localfab.engine.handle import Handle
 
 # N-gram lengths the lookup tries, longest first.
 NGRAM_SIZES = (4, 3, 2)
@@ -125,7 +125,7 @@ class ModelDraft:
     cheap = False
     agreement = 0
 
-    def __init__(self, engine: Engine, p_min: float, kv: KVCache | None = None) -> None:
+    def __init__(self, engine: Handle, p_min: float, kv: KVCache | None = None) -> None:
         """Drafts with `engine` in `kv` (default: its own sequence; a server slot passes the
         draft context's sequence of the same number)."""
         self.engine = engine

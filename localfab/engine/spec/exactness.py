@@ -14,8 +14,8 @@ import numpy as np
 from localfab.engine.types import ONE_THREAD_CELLS
 
 if TYPE_CHECKING:
+    from localfab.engine.handle import Handle
     from localfab.engine.kvcache import KVCache
-    from localfab.engine.llama import Engine
 
 # Batch sizes probed for bit-identical logits (the pending token and up to 15 drafted ones).
 PROBE_MAX = 16
@@ -31,7 +31,7 @@ _PROBE_TEXT = (
 )
 
 
-def exact_batch(engine: Engine, n_max: int = PROBE_MAX) -> tuple[int, int]:
+def exact_batch(engine: Handle, n_max: int = PROBE_MAX) -> tuple[int, int]:
     """The largest batches whose logits equal, bit for bit, those of one-token decodes: for a
     verify that ends within `ONE_THREAD_CELLS` of cache, and for one past them.
 

@@ -18,7 +18,7 @@ from localfab.engine.spec.tuner import SpecCosts, Tuner, propose
 from localfab.engine.types import ONE_THREAD_CELLS, SpecSettings, TokenEvent
 
 if TYPE_CHECKING:
-    from localfab.engine.llama import Engine
+    from localfab.engine.handle import Handle
 
 
 class Speculator:
@@ -32,7 +32,7 @@ class Speculator:
     def __init__(
         self,
         settings: SpecSettings,
-        draft: Engine | None = None,
+        draft: Handle | None = None,
         max_batch: int = PROBE_MAX,
         max_batch_past: int | None = None,
     ) -> None:

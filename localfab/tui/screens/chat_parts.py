@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from textual.screen import Screen
 
@@ -18,8 +18,17 @@ from localfab.tui.widgets.messages import MessageView
 from localfab.tui.widgets.status import duration
 
 if TYPE_CHECKING:
-    from localfab.tui.app import LocalfabApp
-    from localfab.tui.sessions import DeletedSession
+    from localfab.chat.history import History
+    from localfab.tui.sessions import DeletedSession, SessionStore
+
+
+class AppServices(Protocol):
+    """What the chat screen uses of its app (`LocalfabApp`): the history and the clock."""
+
+    history: History
+    session_store: SessionStore
+    clock_now: float | None  # a fixed "now" for snapshots; None: the real clock
+
 
 # A reply to stream: given the cancel event, the backend's events.
 ReplyJob = Callable[[threading.Event], Iterator[ReplyEvent]]
@@ -95,7 +104,7 @@ class ChatHost(Screen[None]):
     _search_notice_shown: bool
 
     @property
-    def lf_app(self) -> LocalfabApp:
+    def lf_app(self) -> AppServices:
         return self.app  # type: ignore[return-value]
 
     def refresh_sessions(self) -> None:
