@@ -30,19 +30,62 @@ Exit codes:
 
 # Each command's module, loaded when the command is run or listed (`localfab chat` does not wait
 # for the other commands' imports).
+# Each command: its module under localfab.commands, its name there, and the first paragraph
+# of its help. `--help` lists the commands from this table without importing any of them (a
+# test checks the summaries against the commands' own help).
 COMMANDS = {
-    "run": ("run", "run"),
-    "chat": ("chat", "chat"),
-    "plan": ("planning", "plan"),
-    "doctor": ("planning", "doctor"),
-    "pull": ("models", "pull"),
-    "list": ("models", "list_models"),
-    "show": ("models", "show"),
-    "rm": ("models", "rm"),
-    "add": ("models", "add"),
-    "serve": ("serve", "serve"),
-    "stats": ("stats", "stats"),
-    "bench": ("benchmark", "bench"),
+    "run": (
+        "run",
+        "run",
+        "Answer PROMPT with MODEL (a .gguf path or a registered name), streaming to stdout.",
+    ),
+    "chat": (
+        "chat",
+        "chat",
+        "Chat with MODEL in the terminal app (a registered name, a .gguf path or smollm2:135m).",
+    ),
+    "plan": (
+        "planning",
+        "plan",
+        "Show how MODEL would be loaded: GPU layers, context, KV cache, memory, speed, and why.",
+    ),
+    "doctor": (
+        "planning",
+        "doctor",
+        "Show the devices found, their memory, and the llama-cpp-python backend; say what to fix.",
+    ),
+    "pull": (
+        "models",
+        "pull",
+        "Download MODEL: a catalog name, OWNER/REPO[:QUANT] or a Hugging Face URL.",
+    ),
+    "list": (
+        "models",
+        "list_models",
+        "The models on this machine (or, with --catalog, the curated ones to pull).",
+    ),
+    "show": (
+        "models",
+        "show",
+        "What NAME is: file, size, quant, origin, and the facts in its GGUF header.",
+    ),
+    "rm": (
+        "models",
+        "rm",
+        "Remove NAME: delete a downloaded model's files, or forget a model added by path.",
+    ),
+    "add": ("models", "add", "Register the GGUF file PATH where it is, without copying it."),
+    "serve": (
+        "serve",
+        "serve",
+        "Serve MODEL over HTTP with llama-server's API (OpenAI-compatible and native endpoints).",
+    ),
+    "stats": (
+        "stats",
+        "stats",
+        "Totals and medians per model, plan and day from the usage ledger.",
+    ),
+    "bench": ("benchmark", "bench", "Record a labelled baseline of MODEL; chart tok/s by depth."),
 }
 
 
@@ -54,10 +97,20 @@ class LocalfabGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
-            module, name = COMMANDS[cmd_name]
+            module, name, _summary = COMMANDS[cmd_name]
             command = getattr(importlib.import_module(f"localfab.commands.{module}"), name)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their summaries, as click lists them, from `COMMANDS`."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [
+            (name, click.Command(name, help=summary).get_short_help_str(limit))
+            for name, (_module, _attr, summary) in COMMANDS.items()
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> object:
         try:

@@ -232,14 +232,14 @@ def _conversation(
 ) -> list[tuple[float, bool, int]]:
     """Run equal-length turns; (TTFT ms, shifted before it?, tokens evaluated) per turn."""
     from localfab.chat.session import Reply, Shifted
-    from localfab.engine import SamplingParams
+    from localfab.engine import GenerationOptions, SamplingParams
 
     sampling = SamplingParams(temperature=0.0, ignore_eos=True)
     out: list[tuple[float, bool, int]] = []
     for i in range(turns):
         text = f"Turn {i:02d}: tell me one more short fact about lighthouses and the sea."
         shifted = False
-        for ev in session.send(text, max_tokens=32, sampling=sampling):
+        for ev in session.send(text, GenerationOptions(max_tokens=32, sampling=sampling)):
             if isinstance(ev, Shifted) and not ev.during_reply:
                 shifted = True
             elif isinstance(ev, Reply):
@@ -478,7 +478,7 @@ def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, An
     from textual import events
 
     from localfab.chat.history import History
-    from localfab.tui.app import make_app
+    from localfab.tui.app import AppDeps, make_app
     from localfab.tui.local_backend import ChatOptions, LocalBackend
     from tests.fake_engine import FakeEngine, fake_loader
 
@@ -493,7 +493,7 @@ def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, An
             "fake-model",
             ChatOptions(max_tokens=tokens + 10, max_continues=0),
         )
-        app = make_app(backend=backend, history=history, model_name="fake-model")
+        app = make_app(AppDeps(backend=backend, history=history, model_name="fake-model"))
         pending: list[tuple[int, float]] = []  # (prompt length that echoes it, sent at)
 
         async with app.run_test(size=(100, 30)) as pilot:
@@ -553,7 +553,7 @@ def tui_render_cost(*, early: int, late: int, batch: int, window: int) -> dict[s
     import tempfile
 
     from localfab.chat.history import History
-    from localfab.tui.app import make_app
+    from localfab.tui.app import AppDeps, make_app
     from localfab.tui.widgets.messages import MessageView
     from tests.fake_engine import FakeEngine
 
@@ -564,7 +564,7 @@ def tui_render_cost(*, early: int, late: int, batch: int, window: int) -> dict[s
     cost: dict[int, float] = {}
 
     async def run(history: History) -> None:
-        app = make_app(backend=None, history=history, model_name=None)
+        app = make_app(AppDeps(backend=None, history=history, model_name=None))
         async with app.run_test(size=(100, 30)) as pilot:
             log = app.chat.query_one("#chat-log")
             view = MessageView("assistant", status="generating")
@@ -610,7 +610,7 @@ def tui_load_stall(model: Path, *, runs: int) -> dict[str, Any]:
 
     from localfab.chat.history import History
     from localfab.config import Config, default_paths
-    from localfab.tui.app import make_app
+    from localfab.tui.app import AppDeps, make_app
     from localfab.tui.local_backend import LocalBackend, model_loader
 
     stalls: list[float] = []
@@ -619,7 +619,7 @@ def tui_load_stall(model: Path, *, runs: int) -> dict[str, Any]:
     async def run(history: History, paths: Any) -> None:
         loader = model_loader(str(model), paths, Config(), ctx_size=2048)
         backend = LocalBackend(loader, history, model.name)
-        app = make_app(backend=backend, history=history, model_name=model.name)
+        app = make_app(AppDeps(backend=backend, history=history, model_name=model.name))
         try:
             async with app.run_test(size=(100, 30)) as pilot:
                 while not app.screen_stack:
@@ -733,7 +733,7 @@ def tui_decode(model: Path, *, runs: int, n_gen: int, threads: int | None) -> di
     from localfab.chat.history import History
     from localfab.config import Config, default_paths
     from localfab.engine import SamplingParams
-    from localfab.tui.app import make_app
+    from localfab.tui.app import AppDeps, make_app
     from localfab.tui.backend import ReplyFinished
     from localfab.tui.local_backend import ChatOptions, LocalBackend, model_loader
 
@@ -761,7 +761,7 @@ def tui_decode(model: Path, *, runs: int, n_gen: int, threads: int | None) -> di
                 yield event
 
         backend.send = watched  # type: ignore[method-assign]
-        app = make_app(backend=backend, history=history, model_name=model.name)
+        app = make_app(AppDeps(backend=backend, history=history, model_name=model.name))
         try:
             async with app.run_test(size=(100, 30)) as pilot:
                 while not (app.screen_stack and getattr(app.screen, "loaded", False)):

@@ -8,7 +8,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from localfab.chat.history import History
-from localfab.tui.app import KeymapSpec, LocalfabApp, make_app
+from localfab.tui.app import AppDeps, KeymapSpec, LocalfabApp, make_app
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.widgets.messages import MessageView
@@ -38,14 +38,16 @@ def build_app(
     loader = fake_loader(engine, steps=steps, step_delay=step_delay, fail=fail)
     backend = LocalBackend(loader, history, "fake-model", options or ChatOptions())
     app = make_app(
-        backend=backend,
-        history=history,
-        model_name="fake-model",
-        session_id=session_id,
-        theme=theme,
-        themes_dir=themes_dir,
-        clock_now=clock_now,
-        keymap=keymap,
+        AppDeps(
+            backend=backend,
+            history=history,
+            model_name="fake-model",
+            session_id=session_id,
+            theme=theme,
+            themes_dir=themes_dir,
+            clock_now=clock_now,
+            keymap=keymap,
+        )
     )
     return app, engine
 

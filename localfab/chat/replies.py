@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field, replace
 
 from localfab.chat.events import FINISH_STATUS, ChatEvent, Continued, Reply, Shifted
 from localfab.chat.fitting import fit_turns
 from localfab.chat.history import History
 from localfab.chat.prompt import PromptBuilder
-from localfab.engine import ChatEngine, Done, SamplingParams
+from localfab.engine import ChatEngine, Done
 from localfab.engine.types import GenerationOptions
 
 # How often a growing reply is written to disk: bounded write cost, bounded loss on a crash.
@@ -79,10 +79,7 @@ class ReplyStreaming:
         self,
         prompt: list[int],
         *,
-        max_tokens: int,
-        sampling: SamplingParams | None,
-        stop: Sequence[str],
-        cancel: threading.Event | None,
+        options: GenerationOptions,
         shifts: list[Shifted],
         last_user: int,
         prefix_text: str = "",
@@ -105,16 +102,9 @@ class ReplyStreaming:
         try:
             carry = b""
             while True:
-                done = yield from self._piece(
-                    run,
-                    max_tokens=max_tokens,
-                    sampling=sampling,
-                    stop=stop,
-                    cancel=cancel,
-                    on_full=on_full,
-                    carry=carry,
-                )
-                if not self._goes_on(run, done, cancel):
+                piece = replace(options, on_context_full=on_full, carry=carry)
+                done = yield from self._piece(run, piece)
+                if not self._goes_on(run, done, options.cancel):
                     break
                 run.continues += 1
                 yield Continued(run.continues, self.max_continues)
@@ -178,26 +168,10 @@ class ReplyStreaming:
         return on_full
 
     def _piece(
-        self,
-        run: _ReplyRun,
-        *,
-        max_tokens: int,
-        sampling: SamplingParams | None,
-        stop: Sequence[str],
-        cancel: threading.Event | None,
-        on_full: Callable[[list[int]], list[int] | None],
-        carry: bytes,
+        self, run: _ReplyRun, options: GenerationOptions
     ) -> Generator[ChatEvent, None, Done]:
         """Stream one piece of the reply (the first, or a continuation); returns its Done."""
         done: Done | None = None
-        options = GenerationOptions(
-            max_tokens=max_tokens,
-            sampling=sampling or SamplingParams(),
-            stop=stop,
-            cancel=cancel,
-            on_context_full=on_full,
-            carry=carry,
-        )
         for event in self.engine.stream(run.base_prompt + run.reply_tokens, options):
             while run.pending_events:
                 yield run.pending_events.pop(0)

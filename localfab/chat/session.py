@@ -17,8 +17,7 @@ reply (pieces, continuation, a shift mid-reply) in `replies`.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 from localfab.chat.events import FINISH_STATUS, ChatEvent, Continued, Reply, Shifted
 from localfab.chat.fitting import (
@@ -31,8 +30,11 @@ from localfab.chat.fitting import (
 from localfab.chat.history import History, StoredMessage
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.replies import FLUSH_SECONDS, ReplyStreaming
-from localfab.engine import ChatEngine, SamplingParams
+from localfab.engine import ChatEngine, GenerationOptions
 from localfab.errors import ContextOverflow, UsageError
+
+# What a reply asks for when the caller asks nothing: no limit, the default sampler chain.
+NO_OPTIONS = GenerationOptions()
 
 __all__ = [
     "FINISH_STATUS",
@@ -103,23 +105,16 @@ class ChatSession(ReplyStreaming):
     def send(
         self,
         text: str,
-        *,
-        max_tokens: int = -1,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Iterator[ChatEvent]:
         """Add a user message and stream the reply (TokenEvents, Shifted, Continued, Reply)."""
-        return self._turn(text, max_tokens=max_tokens, sampling=sampling, stop=stop, cancel=cancel)
+        return self._turn(text, options=options)
 
     def _turn(
         self,
         text: str,
         *,
-        max_tokens: int,
-        sampling: SamplingParams | None,
-        stop: Sequence[str],
-        cancel: threading.Event | None,
+        options: GenerationOptions,
         sibling_of: int | None = None,
         restore: Callable[[], None] | None = None,
     ) -> Iterator[ChatEvent]:
@@ -129,7 +124,7 @@ class ChatSession(ReplyStreaming):
         """
         self.messages.append({"role": "user", "content": text})
         last_user = len(self.messages) - 1
-        reserve = reply_room(self.n_ctx, max_tokens, self.reply_reserve)
+        reserve = reply_room(self.n_ctx, options.max_tokens, self.reply_reserve)
         start, tokens, dropped, n_before = self._fit(last_user, reserve)
         if len(tokens) >= self.n_ctx - 1:
             self.messages.pop()
@@ -148,10 +143,7 @@ class ChatSession(ReplyStreaming):
         yield from self._answer(
             last_user,
             (start, tokens, dropped, n_before),
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop=stop,
-            cancel=cancel,
+            options=options,
         )
 
     def _answer(
@@ -159,10 +151,7 @@ class ChatSession(ReplyStreaming):
         last_user: int,
         fitted: tuple[int, list[int], int, int],
         *,
-        max_tokens: int,
-        sampling: SamplingParams | None,
-        stop: Sequence[str],
-        cancel: threading.Event | None,
+        options: GenerationOptions,
         sibling_of: int | None = None,
     ) -> Iterator[ChatEvent]:
         """Shift the window to `fitted` (from `_fit`) if it moved, then stream a new reply."""
@@ -173,10 +162,7 @@ class ChatSession(ReplyStreaming):
             yield shifts[-1]
         yield from self._reply(
             tokens,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop=stop,
-            cancel=cancel,
+            options=options,
             shifts=shifts,
             last_user=last_user,
             sibling_of=sibling_of,
@@ -209,11 +195,7 @@ class ChatSession(ReplyStreaming):
     def regenerate(
         self,
         index: int = -1,
-        *,
-        max_tokens: int = -1,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Iterator[ChatEvent]:
         """A new version of the reply at `index` (default: the last), streamed.
 
@@ -227,15 +209,12 @@ class ChatSession(ReplyStreaming):
         self._cut(index)
         # A reply whose turn had left the window brings its turn back in.
         self.window_start = min(self.window_start, users[-1])
-        reserve = reply_room(self.n_ctx, max_tokens, self.reply_reserve)
+        reserve = reply_room(self.n_ctx, options.max_tokens, self.reply_reserve)
         fitted = self._fit(users[-1], reserve)
         yield from self._answer(
             users[-1],
             fitted,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop=stop,
-            cancel=cancel,
+            options=options,
             sibling_of=old,
         )
 
@@ -243,11 +222,7 @@ class ChatSession(ReplyStreaming):
         self,
         index: int,
         text: str,
-        *,
-        max_tokens: int = -1,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Iterator[ChatEvent]:
         """Replace the user message at `index` with a new version, `text`, and stream a reply.
 
@@ -258,10 +233,7 @@ class ChatSession(ReplyStreaming):
         undo = self._cut(index)
         yield from self._turn(
             text,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop=stop,
-            cancel=cancel,
+            options=options,
             sibling_of=old,
             restore=undo,
         )
@@ -330,11 +302,7 @@ class ChatSession(ReplyStreaming):
     def complete(
         self,
         tokens: list[int],
-        *,
-        max_tokens: int = -1,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Iterator[ChatEvent]:
         """Generate after raw prompt tokens (no template), with the same continuation."""
         if len(tokens) >= self.n_ctx:
@@ -342,21 +310,14 @@ class ChatSession(ReplyStreaming):
         self.messages.append({"role": "user", "content": ""})
         yield from self._reply(
             tokens,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop=stop,
-            cancel=cancel,
+            options=options,
             shifts=[],
             last_user=len(self.messages) - 1,
         )
 
     def continue_reply(
         self,
-        *,
-        max_tokens: int = -1,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Iterator[ChatEvent]:
         """Continue the last assistant message (e.g. one that was interrupted) from its text."""
         if not self.messages or self.messages[-1]["role"] != "assistant":
@@ -366,10 +327,7 @@ class ChatSession(ReplyStreaming):
         tokens = self._tokens(self.window_start, self.window(), continue_final=True)
         yield from self._reply(
             tokens,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop=stop,
-            cancel=cancel,
+            options=options,
             shifts=[],
             last_user=last_user,
             prefix_text=prefix,

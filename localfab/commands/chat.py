@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from localfab.config import Config, Paths
     from localfab.gguf.facts import ModelFacts
     from localfab.plan import Wishes
+    from localfab.tui.app import LocalfabApp
     from localfab.tui.local_backend import ChatOptions
 
 
@@ -66,6 +67,27 @@ def load_config(paths: Paths) -> tuple[Config, str | None]:
         return Config(), f"{exc}. The app is using the default settings until this is fixed."
 
 
+def saved_chat_model(history: History, session_id: int | None, model: str | None) -> str | None:
+    """The model to open: the one asked for, else that of saved chat `session_id`."""
+    if session_id is None:
+        return model
+    stored = history.session(session_id)
+    if stored is None:
+        raise UsageError(f"no saved chat {session_id}: the app's Chats panel lists them")
+    return model or stored.model or None
+
+
+def run_app(app: LocalfabApp, history: History) -> None:
+    """Run the app until the user quits; close the model it ended on and the history."""
+    try:
+        app.run()
+    finally:
+        if app.backend is not None:  # the model the user ended on
+            app.backend.close()
+        history.close()
+    exit_with(app.return_code)
+
+
 def open_app(
     model: str | None,
     *,
@@ -78,18 +100,14 @@ def open_app(
     """Build the app for MODEL (or a saved session) and run it until the user quits."""
     from localfab.config import default_paths
     from localfab.store import Store
-    from localfab.tui.app import LocalfabApp, make_app
+    from localfab.tui.app import AppDeps, make_app
     from localfab.tui.local_backend import LocalBackend, model_loader
     from localfab.tui.models import LocalModels
 
     paths = default_paths()
     config, config_problem = load_config(paths)
     history, problem = open_history(paths.sessions_db)
-    if session_id is not None:
-        stored = history.session(session_id)
-        if stored is None:
-            raise UsageError(f"no saved chat {session_id}: the app's Chats panel lists them")
-        model = model or stored.model or None
+    model = saved_chat_model(history, session_id, model)
     if new:
         session_id = None
 
@@ -109,28 +127,24 @@ def open_app(
     app: LocalfabApp | None = None
     backend = backend_for(model) if model else None
     app = make_app(
-        models=LocalModels(paths),
-        backend_factory=backend_for,
-        facts_for=facts_for,
-        config=config,
-        paths=paths,
-        notices=tuple(p for p in (config_problem, problem) if p),
-        backend=backend,
-        history=history,
-        model_name=model,
-        session_id=session_id,
-        system=system,
-        theme=theme or config.theme or None,
-        themes_dir=paths.themes_dir,
-        keymap=config.keys,
+        AppDeps(
+            models=LocalModels(paths),
+            backend_factory=backend_for,
+            facts_for=facts_for,
+            config=config,
+            paths=paths,
+            notices=tuple(p for p in (config_problem, problem) if p),
+            backend=backend,
+            history=history,
+            model_name=model,
+            session_id=session_id,
+            system=system,
+            theme=theme or config.theme or None,
+            themes_dir=paths.themes_dir,
+            keymap=config.keys,
+        )
     )
-    try:
-        app.run()
-    finally:
-        if app.backend is not None:  # the model the user ended on
-            app.backend.close()
-        history.close()
-    exit_with(app.return_code)
+    run_app(app, history)
 
 
 def chat_options(config: Config) -> ChatOptions:

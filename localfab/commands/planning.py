@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.errors import UsageError
-from localfab.runtime import probe_this_machine
 from localfab.units import KV_CACHE_TYPES, MiB, format_bytes
 
 if TYPE_CHECKING:
@@ -50,6 +49,8 @@ def _machine(profile: str | None, vram: int | None, ram: int | None) -> Machine:
     if profile:
         return hardware.machine_from_profile_name(profile)
     if vram is None and ram is None:
+        from localfab.runtime import probe_this_machine
+
         return probe_this_machine()
     if (vram is not None and vram < 0) or (ram is not None and ram < 0):
         raise UsageError("--vram and --ram are sizes in MiB and cannot be negative")
@@ -251,6 +252,7 @@ def doctor(profile: str | None, as_json: bool) -> None:
     from localfab.ledger.writer import Ledger, ledger_path, ledger_status
     from localfab.machine import energy
     from localfab.machine import probes as hardware
+    from localfab.runtime import probe_this_machine
 
     machine = hardware.machine_from_profile_name(profile) if profile else probe_this_machine()
     advice = diagnose(machine)

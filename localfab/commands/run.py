@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from localfab.commands.spec_flags import spec_options, speculation
-from localfab.engine.types import ONE_THREAD_CELLS
+from localfab.commands.spec_flags import gather, spec_options, speculation
 from localfab.errors import UsageError
 from localfab.textsafe import json_controls, visible_controls
 from localfab.units import KV_CACHE_TYPES, usage
@@ -19,14 +18,19 @@ from localfab.units import KV_CACHE_TYPES, usage
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from localfab.chat.session import ChatEvent, Reply
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.chat.session import ChatEvent, ChatSession, Reply
     from localfab.config import Config, Paths
-    from localfab.engine.types import Done, SamplingParams
+    from localfab.engine.types import Done, GenerationOptions, SamplingParams
     from localfab.ledger.writer import Ledger, LedgerWriter, ReplyRecorder
     from localfab.machine.energy import Energy
     from localfab.runtime import ModelChoice
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
+
+# The options `run` receives together, as one mapping each (see `gather`).
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
+LOAD_FLAGS = ("ctx_size", "n_gpu_layers", "cache_type_k", "cache_type_v", "flash_attn", "threads")
 
 
 def setup_logging(verbose: int) -> None:
@@ -46,13 +50,16 @@ def setup_logging(verbose: int) -> None:
 
 
 def read_prompt(words: tuple[str, ...]) -> str:
-    """The prompt from the arguments, with piped standard input added after it."""
+    """The prompt from the arguments, with piped standard input added after it; UsageError
+    when both are empty."""
     prompt = " ".join(words)
     stdin = sys.stdin
     if not stdin.isatty():
         piped = stdin.read()
         if piped.strip():
             prompt = f"{prompt}\n\n{piped}" if prompt else piped
+    if not prompt.strip():
+        raise UsageError("no prompt: give it as arguments or pipe it on standard input")
     return prompt
 
 
@@ -114,29 +121,21 @@ def read_prompt(words: tuple[str, ...]) -> str:
     help="Do not record this reply in the usage ledger (see localfab stats).",
 )
 @spec_options
+@gather("load_flags", LOAD_FLAGS)
+@gather("sampling_flags", SAMPLING_FLAGS)
 def run(
     model: str,
     prompt: tuple[str, ...],
     system: str | None,
     max_tokens: int | None,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    repeat_penalty: float | None,
-    seed: int,
     stop: tuple[str, ...],
-    ctx_size: int | None,
-    n_gpu_layers: int | None,
-    cache_type_k: str | None,
-    cache_type_v: str | None,
-    flash_attn: str | None,
-    threads: int | None,
     max_continues: int | None,
     raw: bool,
     as_json: bool,
     verbose: int,
     no_ledger: bool,
+    sampling_flags: dict[str, Any],
+    load_flags: dict[str, Any],
     spec_flags: dict[str, Any],
 ) -> None:
     """Answer PROMPT with MODEL (a .gguf path or a registered name), streaming to stdout.
@@ -146,90 +145,71 @@ def run(
     """
     from localfab.chat.session import ChatSession
     from localfab.config import Config, default_paths
+    from localfab.engine.types import GenerationOptions
+    from localfab.machine.energy import Energy
 
     setup_logging(verbose)
-    _check_limits(max_tokens, ctx_size, max_continues)
+    _check_limits(max_tokens, load_flags["ctx_size"], max_continues)
     text = read_prompt(prompt)
-    if not text.strip():
-        raise UsageError("no prompt: give it as arguments or pipe it on standard input")
 
     paths = default_paths()
     config = Config.load(paths)
     speculative = speculation(config, paths, spec_flags)
-    choice = _plan(
-        model,
-        paths,
-        config,
-        verbose,
-        ctx_size,
-        n_gpu_layers,
-        cache_type_k,
-        cache_type_v,
-        flash_attn,
-        threads,
-    )
-    chosen, path = choice.plan, choice.path
+    choice = _plan(model, paths, config, verbose, load_flags)
     loaded = choice.open(speculative=speculative)
-    engine = loaded.engine
     for notice in loaded.notices:
         click.echo(f"localfab: note: {notice}", err=True)
 
     # An explicit -n is a hard cap, as in llama.cpp; only the configured default limit is
     # continued automatically, unless --max-continues asks for it too.
     continues = _pick(max_continues, config.max_continues if max_tokens is None else 0)
-    max_tokens = _pick(max_tokens, config.max_tokens)
-    sampling = _sampling(config, temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    sampling = _sampling(config, sampling_flags)
+    options = GenerationOptions(_pick(max_tokens, config.max_tokens), sampling, stop)
     session = ChatSession(
-        engine, loaded.prompts, system=None if raw else system, max_continues=continues
+        loaded.engine, loaded.prompts, system=None if raw else system, max_continues=continues
     )
-    if raw:
-        tokens = loaded.prompts.raw(text if system is None else f"{system}\n\n{text}")
-        events = session.complete(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
-    else:
-        tokens = loaded.prompts.tokens(session.window() + [{"role": "user", "content": text}])
-        events = session.send(text, max_tokens=max_tokens, sampling=sampling, stop=stop)
-    from localfab.machine.energy import Energy
-
-    writer, ledger, recorder = _recorder(config, paths, model, chosen, path, no_ledger)
+    tokens, events = _start(session, loaded.prompts, text, options, raw=raw, system=system)
+    writer, ledger, recorder = _recorder(config, paths, model, choice.plan, choice.path, no_ledger)
     reply = _stream(
         recorder.wrap(events, prompt_tokens=len(tokens)), as_json=as_json, verbose=verbose
     )
     energy = recorder.energy or Energy(None, "", "not measured")
     _report(reply, model, len(tokens), energy, as_json=as_json)
     if verbose:
-        past = speculative is not None and engine.speculation_batch_past > 1
+        past = speculative is not None and loaded.engine.speculation_batch_past > 1
         _report_timings(reply, energy, drafts=speculative is not None, past=past)
     if writer is not None and ledger is not None:
         _close_ledger(writer, ledger, recorder, verbose)
     loaded.close()
 
 
+def _start(
+    session: ChatSession,
+    prompts: PromptBuilder,
+    text: str,
+    options: GenerationOptions,
+    *,
+    raw: bool,
+    system: str | None,
+) -> tuple[list[int], Iterator[ChatEvent]]:
+    """The prompt's tokens and the reply's events: a chat turn, or with --raw the text (after
+    the system prompt, if any) as it is."""
+    if raw:
+        tokens = prompts.raw(text if system is None else f"{system}\n\n{text}")
+        return tokens, session.complete(tokens, options)
+    tokens = prompts.tokens(session.window() + [{"role": "user", "content": text}])
+    return tokens, session.send(text, options)
+
+
 def _plan(
-    model: str,
-    paths: Paths,
-    config: Config,
-    verbose: int,
-    ctx_size: int | None,
-    n_gpu_layers: int | None,
-    cache_type_k: str | None,
-    cache_type_v: str | None,
-    flash_attn: str | None,
-    threads: int | None,
+    model: str, paths: Paths, config: Config, verbose: int, load_flags: dict[str, Any]
 ) -> ModelChoice:
     """The model and its plan: the planner picks the context, GPU layers, KV types and
     threads for this machine, explicit options override it; -v shows the plan first, even
     one that does not fit (which then stops here)."""
     from localfab.runtime import choose_model, wishes_from_options
 
-    wishes = wishes_from_options(
-        config,
-        ctx_size=ctx_size,
-        n_gpu_layers=n_gpu_layers,
-        cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v,
-        flash_attn=flash_attn,
-        threads=threads,
-    )
+    wishes = wishes_from_options(config, **load_flags)
     choice = choose_model(model, paths, wishes, require_fit=False)
     if verbose:
         from localfab.commands.planning import render_plan
@@ -239,26 +219,12 @@ def _plan(
     return choice
 
 
-def _sampling(
-    config: Config,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    repeat_penalty: float | None,
-    seed: int,
-) -> SamplingParams:
-    """The options given, else the configured defaults."""
+def _sampling(config: Config, flags: dict[str, Any]) -> SamplingParams:
+    """The options given, else the configured defaults (the seed has its own default, -1)."""
     from localfab.engine import SamplingParams
 
-    return SamplingParams(
-        temperature=_pick(temperature, config.temperature),
-        top_k=_pick(top_k, config.top_k),
-        top_p=_pick(top_p, config.top_p),
-        min_p=_pick(min_p, config.min_p),
-        repeat_penalty=_pick(repeat_penalty, config.repeat_penalty),
-        seed=seed,
-    )
+    given = {name: _pick(flags[name], getattr(config, name)) for name in SAMPLING_FLAGS[:-1]}
+    return SamplingParams(**given, seed=flags["seed"])
 
 
 def _close_ledger(
@@ -406,6 +372,8 @@ def describe_drafts(pieces: Sequence[Done], *, past: bool = True) -> str:
     if not drafted:
         why = "the reply did not repeat its input"
         if not past:
+            from localfab.engine.types import ONE_THREAD_CELLS
+
             why += f", or its context was past the {ONE_THREAD_CELLS} tokens where none is checked"
         return f"speculative decoding: nothing drafted ({why})"
     return (

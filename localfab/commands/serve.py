@@ -6,10 +6,8 @@ engine and the web stack load inside the command so `localfab --help` stays inst
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
-import socket
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -34,6 +32,9 @@ log = logging.getLogger("localfab.server")
 
 def is_loopback(host: str) -> bool:
     """Whether binding `host` only accepts connections from this machine."""
+    import ipaddress
+    import socket
+
     if host in ("localhost", ""):
         return host == "localhost"
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
@@ -25,17 +25,26 @@ SPEC_FLAGS = (
 )
 
 
+def gather(key: str, names: Sequence[str]) -> Callable[[F], F]:
+    """Hand a command the options `names` together, as one mapping, its argument `key`."""
+
+    def apply(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            kwargs[key] = {name: kwargs.pop(name) for name in names}
+            return f(*args, **kwargs)
+
+        return cast(F, command)
+
+    return apply
+
+
 def spec_options(f: F) -> F:
     """Add --spec-type, -md, --draft-max, --draft-min, --draft-p-min, -ngld, --spec-exact.
 
     The command receives them together, as one `spec_flags` mapping (for `speculation`).
     """
-
-    @functools.wraps(f)
-    def command(*args: Any, **kwargs: Any) -> Any:
-        kwargs["spec_flags"] = {name: kwargs.pop(name) for name in SPEC_FLAGS}
-        return f(*args, **kwargs)
-
+    command = gather("spec_flags", SPEC_FLAGS)(f)
     decorators = [
         click.option(
             "--spec-type",

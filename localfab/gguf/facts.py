@@ -271,11 +271,9 @@ def facts_from_parts(
     n_ctx_train = c.count("context_length", default=0)
     n_vocab = vocab_size(meta, c, by_name, label)
     sizes = _tensor_bytes(infos, n_layer)
-    name = meta.get("general.name")
-    template = meta.get("tokenizer.chat_template")
     return ModelFacts(
         arch=arch,
-        name=name if isinstance(name, str) else None,
+        name=_str_or_none(meta.get("general.name")),
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
@@ -288,7 +286,7 @@ def facts_from_parts(
         n_ctx_train=n_ctx_train,
         n_vocab=int(n_vocab),
         file_type=_int_or_none(meta.get("general.file_type")),
-        chat_template=template if isinstance(template, str) else None,
+        chat_template=_str_or_none(meta.get("tokenizer.chat_template")),
         bos_token_id=_int_or_none(meta.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_int_or_none(meta.get("tokenizer.ggml.eos_token_id")),
         layer_bytes=sizes.layers,
@@ -304,6 +302,10 @@ def facts_from_parts(
         tensors=tuple(infos),
         metadata={k: v for k, v in meta.items() if not isinstance(v, BigArray)},
     )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _int_or_none(value: Any) -> int | None:

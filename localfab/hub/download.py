@@ -133,14 +133,7 @@ def pull(
     """Download (or resume) the model's files, verify them, then register it in `store`."""
     have = already_registered(store, ref, name)
     if have is not None:
-        resolved = ResolvedModel(
-            repo=ref.repo,
-            revision=have.revision or ref.revision,
-            quant=have.quant,
-            files=tuple(RemoteFile(p.name, None, None) for p in have.files),
-            name=have.name,
-        )
-        return PullResult(have, resolved, 0, 0, already_present=True, verified=True)
+        return _already_present(ref, have)
 
     resolved = hub.resolve(ref, name=name)
     existing = store.get(resolved.name)
@@ -184,6 +177,18 @@ def pull(
         already_present=downloaded == 0 and not any(item.resume for item in plan),
         verified=all(item.expected for item in plan),
     )
+
+
+def _already_present(ref: ModelRef, have: ModelEntry) -> PullResult:
+    """What a pull of a model that is already in the store reports: nothing to download."""
+    resolved = ResolvedModel(
+        repo=ref.repo,
+        revision=have.revision or ref.revision,
+        quant=have.quant,
+        files=tuple(RemoteFile(p.name, None, None) for p in have.files),
+        name=have.name,
+    )
+    return PullResult(have, resolved, 0, 0, already_present=True, verified=True)
 
 
 def check_disk(store: Store, resolved: ResolvedModel, plan: Sequence[FilePlan]) -> None:

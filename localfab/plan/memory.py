@@ -268,33 +268,8 @@ def estimate(
         facts, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, swa_full=swa_full
     )
     gpu_c, cpu_c, op_offload = _compute(facts, gpu, split, phases, n_ubatch)
-    gpu_mem = None
-    if gpu is not None:
-        # an idle GPU (nothing offloaded, op offload off) holds nothing
-        used_gpu = ngl > 0 or gpu_c > 0
-        gpu_mem = DeviceMemory(
-            device=gpu.name,
-            kind=gpu.kind,
-            available=gpu.free,
-            weights=gpu_w,
-            kv=kv.gpu,
-            compute=gpu_c,
-            reserve=gpu_reserve(gpu) if used_gpu else 0,
-            unified_memory=gpu.unified_memory,
-        )
-    cpu_available = machine.ram_available
-    if gpu_mem is not None and gpu is not None and gpu.unified_memory:
-        # GTT is system RAM: what the iGPU takes beyond its carve-out comes out of free RAM
-        cpu_available -= max(0, gpu_mem.total - gpu.vram_free)
-    cpu_mem = DeviceMemory(
-        device="CPU",
-        kind="cpu",
-        available=cpu_available,
-        weights=cpu_w,
-        kv=kv.cpu,
-        compute=cpu_c,
-        reserve=CPU_RUNTIME_RESERVE,
-    )
+    gpu_mem = None if gpu is None else _gpu_memory(gpu, gpu_w, kv.gpu, gpu_c, used=ngl > 0)
+    cpu_mem = _cpu_memory(machine, gpu, gpu_mem, cpu_w, kv.cpu, cpu_c)
     memory = (cpu_mem,) if gpu_mem is None else (gpu_mem, cpu_mem)
     gpu_bytes, cpu_bytes, tok_s = _decode_speed(facts, machine, gpu, split, gpu_w, kv)
     return Estimate(
@@ -306,6 +281,44 @@ def estimate(
         bytes_per_token_cpu=int(cpu_bytes),
         tok_s=tok_s,
         op_offload=op_offload,
+    )
+
+
+def _gpu_memory(gpu: Device, weights: int, kv: int, compute: int, *, used: bool) -> DeviceMemory:
+    """What the GPU holds; an idle GPU (nothing offloaded, op offload off) holds nothing."""
+    return DeviceMemory(
+        device=gpu.name,
+        kind=gpu.kind,
+        available=gpu.free,
+        weights=weights,
+        kv=kv,
+        compute=compute,
+        reserve=gpu_reserve(gpu) if used or compute > 0 else 0,
+        unified_memory=gpu.unified_memory,
+    )
+
+
+def _cpu_memory(
+    machine: Machine,
+    gpu: Device | None,
+    gpu_mem: DeviceMemory | None,
+    weights: int,
+    kv: int,
+    compute: int,
+) -> DeviceMemory:
+    """What system RAM holds, against what is free of it."""
+    available = machine.ram_available
+    if gpu_mem is not None and gpu is not None and gpu.unified_memory:
+        # GTT is system RAM: what the iGPU takes beyond its carve-out comes out of free RAM
+        available -= max(0, gpu_mem.total - gpu.vram_free)
+    return DeviceMemory(
+        device="CPU",
+        kind="cpu",
+        available=available,
+        weights=weights,
+        kv=kv,
+        compute=compute,
+        reserve=CPU_RUNTIME_RESERVE,
     )
 
 

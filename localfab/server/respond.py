@@ -121,6 +121,30 @@ async def respond(
     for prompt in prompts:
         server.check_prompt(prompt.tokens)
     server.check_bias(gen)
+    results = _results(server, prompts, gen)
+    batch = _Batch(server, results)
+    for res in results:
+        server.worker.submit(res.job)
+    batch.watcher = asyncio.create_task(watch_disconnect(request, batch.on_disconnect))
+    try:
+        first = await results[0].channel.get()
+    except BaseException:
+        await batch.close()
+        raise
+    # As llama-server: an error before the first result is a plain error response.
+    if first is DISCONNECTED or isinstance(first, ApiError):
+        await batch.close()
+        return error_response(first) if isinstance(first, ApiError) else Response(b"")
+    if not gen.stream:
+        try:
+            return await _whole(server, batch, first, dialect)
+        finally:
+            await batch.close()
+    return EventStream(_stream(batch, first, dialect), batch.close)
+
+
+def _results(server: Server, prompts: Sequence[Prompt], gen: Generation) -> list[_Result]:
+    """One job, its channel and its reply's shape for each of the `n` results of each prompt."""
     loop = asyncio.get_running_loop()
     completion_id = shapes.completion_id()
     params = generation_settings(gen, only_metrics=True)
@@ -154,25 +178,7 @@ async def respond(
                 context_shift=window.left_out if window is not None else None,
             )
             results.append(_Result(job, channel, reply, prompt.tokens))
-    batch = _Batch(server, results)
-    for res in results:
-        server.worker.submit(res.job)
-    batch.watcher = asyncio.create_task(watch_disconnect(request, batch.on_disconnect))
-    try:
-        first = await results[0].channel.get()
-    except BaseException:
-        await batch.close()
-        raise
-    # As llama-server: an error before the first result is a plain error response.
-    if first is DISCONNECTED or isinstance(first, ApiError):
-        await batch.close()
-        return error_response(first) if isinstance(first, ApiError) else Response(b"")
-    if not gen.stream:
-        try:
-            return await _whole(server, batch, first, dialect)
-        finally:
-            await batch.close()
-    return EventStream(_stream(batch, first, dialect), batch.close)
+    return results
 
 
 async def _whole(server: Server, batch: _Batch, first: Any, dialect: Dialect) -> Response:

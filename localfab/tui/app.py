@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,28 @@ textual_fixes.apply()
 KeymapSpec = Mapping[str, str] | Sequence[tuple[str, str]]
 
 
+@dataclass(frozen=True)
+class AppDeps:
+    """What the app is built from: the chat's backend and history, where models come from,
+    how to read a model's header, the settings and where they live, and how it looks."""
+
+    history: History
+    backend: ChatBackend | None = None
+    model_name: str | None = None
+    session_id: int | None = None  # a saved chat to open
+    system: str | None = None  # the system prompt of a new chat
+    theme: str | None = None
+    themes_dir: Path | None = None
+    clock_now: float | None = None  # a fixed "now" for snapshots; None: the real clock
+    keymap: KeymapSpec | None = None
+    notices: tuple[str, ...] = ()  # shown once the app is up (a broken config file, ...)
+    models: ModelSource | None = None
+    backend_factory: Callable[..., ChatBackend] | None = None
+    facts_for: Callable[[str], ModelFacts] | None = None
+    config: Config | None = None
+    paths: Paths | None = None
+
+
 class LocalfabApp(App[None]):
     """Chat with local models."""
 
@@ -51,41 +74,24 @@ class LocalfabApp(App[None]):
         Binding("f9", "settings", "Settings", id="app.settings", show=False),
     ]
 
-    def __init__(
-        self,
-        *,
-        backend: ChatBackend | None,
-        history: History,
-        model_name: str | None = None,
-        session_id: int | None = None,
-        system: str | None = None,
-        theme: str | None = None,
-        themes_dir: Path | None = None,
-        clock_now: float | None = None,
-        keymap: KeymapSpec | None = None,
-        notices: tuple[str, ...] = (),
-        models: ModelSource | None = None,
-        backend_factory: Callable[..., ChatBackend] | None = None,
-        facts_for: Callable[[str], ModelFacts] | None = None,
-        config: Config | None = None,
-        paths: Paths | None = None,
-    ) -> None:
+    def __init__(self, deps: AppDeps) -> None:
         super().__init__()
         # Fit and settings: how to read a model's header, the settings and where they are saved.
-        self.facts_for = facts_for
-        self.config = config or Config()
-        self.paths = paths
-        self.start_notices = notices
-        self.models = models
-        self.backend_factory = backend_factory
-        self.backend = backend
-        self.history = history
-        self.session_store = SessionStore(history)
-        self.model_name = model_name
-        self.start_session = session_id
-        self.system = system
-        self.clock_now = clock_now  # a fixed "now" for snapshots; None: the real clock
-        loaded = load_themes(themes_dir)
+        self.facts_for = deps.facts_for
+        self.config = deps.config or Config()
+        self.paths = deps.paths
+        self.start_notices = deps.notices
+        self.models = deps.models
+        self.backend_factory = deps.backend_factory
+        self.backend = deps.backend
+        self.history = deps.history
+        self.session_store = SessionStore(deps.history)
+        self.model_name = deps.model_name
+        self.start_session = deps.session_id
+        self.system = deps.system
+        self.clock_now = deps.clock_now  # a fixed "now" for snapshots; None: the real clock
+        theme, keymap = deps.theme, deps.keymap
+        loaded = load_themes(deps.themes_dir)
         self.theme_problems = loaded.problems
         self.localfab_themes = [t.name for t in loaded.themes]
         for t in loaded.themes:
@@ -245,39 +251,8 @@ class LocalfabApp(App[None]):
         yield SystemCommand("Next theme", "Switch to the next theme", self.action_next_theme)
 
 
-def make_app(
-    *,
-    backend: ChatBackend | None,
-    history: History,
-    model_name: str | None = None,
-    session_id: int | None = None,
-    system: str | None = None,
-    theme: str | None = None,
-    themes_dir: Path | None = None,
-    clock_now: float | None = None,
-    keymap: KeymapSpec | None = None,
-    notices: tuple[str, ...] = (),
-    models: ModelSource | None = None,
-    backend_factory: Callable[..., ChatBackend] | None = None,
-    facts_for: Callable[[str], ModelFacts] | None = None,
-    config: Config | None = None,
-    paths: Paths | None = None,
-) -> LocalfabApp:
-    """The app, built the same way for the CLI, the tests and the benchmark."""
-    return LocalfabApp(
-        backend=backend,
-        history=history,
-        model_name=model_name,
-        session_id=session_id,
-        system=system,
-        theme=theme or os.environ.get("LOCALFAB_THEME") or None,
-        themes_dir=themes_dir,
-        clock_now=clock_now,
-        keymap=keymap,
-        notices=notices,
-        models=models,
-        backend_factory=backend_factory,
-        facts_for=facts_for,
-        config=config,
-        paths=paths,
-    )
+def make_app(deps: AppDeps) -> LocalfabApp:
+    """The app, built the same way for the CLI, the tests and the benchmark; the theme, when
+    none is given, from LOCALFAB_THEME."""
+    theme = deps.theme or os.environ.get("LOCALFAB_THEME") or None
+    return LocalfabApp(replace(deps, theme=theme))

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession
     from localfab.config import Config, Paths
-    from localfab.engine import SamplingParams
+    from localfab.engine.types import GenerationOptions, SamplingParams
     from localfab.ledger.writer import LedgerWriter, ReplyRecorder
     from localfab.machine.energy import Energy
     from localfab.plan import Wishes
@@ -62,6 +62,16 @@ class ChatOptions:
     max_continues: int = 3
     sampling: SamplingParams | None = None
     reply_reserve: int | None = None
+
+    def reply(self, cancel: threading.Event) -> GenerationOptions:
+        """What one reply asks of the engine, stopped by `cancel`."""
+        from localfab.engine.types import GenerationOptions, SamplingParams
+
+        return GenerationOptions(
+            max_tokens=self.max_tokens,
+            sampling=self.sampling or SamplingParams(),
+            cancel=cancel,
+        )
 
 
 @dataclass
@@ -159,20 +169,13 @@ class LocalBackend:
         if chat.history is None and self.history is not None:
             chat.history = self.history
             chat.session_id = self.history.create_session(model=self.model_name, system=chat.system)
-        events = chat.send(
-            text,
-            max_tokens=self.options.max_tokens,
-            sampling=self.options.sampling,
-            cancel=cancel,
-        )
+        events = chat.send(text, self.options.reply(cancel))
         yield from self._events(events)
 
     @streamed_on_engine
     def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()
-        events = chat.continue_reply(
-            max_tokens=self.options.max_tokens, sampling=self.options.sampling, cancel=cancel
-        )
+        events = chat.continue_reply(self.options.reply(cancel))
         yield from self._events(events)
 
     @streamed_on_engine
@@ -181,24 +184,13 @@ class LocalBackend:
     ) -> Iterator[ReplyEvent]:
         chat = self._chat()
         index = -1 if message_id is None else self._index(chat, message_id)
-        events = chat.regenerate(
-            index,
-            max_tokens=self.options.max_tokens,
-            sampling=self.options.sampling,
-            cancel=cancel,
-        )
+        events = chat.regenerate(index, self.options.reply(cancel))
         yield from self._events(events)
 
     @streamed_on_engine
     def edit(self, message_id: int, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()
-        events = chat.edit(
-            self._index(chat, message_id),
-            text,
-            max_tokens=self.options.max_tokens,
-            sampling=self.options.sampling,
-            cancel=cancel,
-        )
+        events = chat.edit(self._index(chat, message_id), text, self.options.reply(cancel))
         yield from self._events(events)
 
     def _events(self, events: Iterator[Any]) -> Iterator[ReplyEvent]:

@@ -15,6 +15,7 @@ from localfab.chat.history import SCHEMA_VERSION, History
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.session import ChatSession, Continued, Reply, Shifted
 from localfab.engine import Engine, EngineSettings, SamplingParams, TokenEvent
+from localfab.engine.types import GenerationOptions
 from localfab.errors import ContextOverflow
 
 GREEDY = SamplingParams.greedy()
@@ -30,7 +31,7 @@ def small_engine(model_path: Path):
 
 def run_turn(session: ChatSession, text: str, **kw) -> tuple[Reply, list[Shifted], list[Continued]]:
     shifts, conts, reply = [], [], None
-    for ev in session.send(text, sampling=GREEDY, **kw):
+    for ev in session.send(text, GenerationOptions(sampling=GREEDY, **kw)):
         if isinstance(ev, Shifted):
             shifts.append(ev)
         elif isinstance(ev, Continued):
@@ -138,7 +139,7 @@ def test_continuation_joins_to_one_long_generation(small_engine):
 def test_message_too_long_for_the_window(small_engine):
     session = ChatSession(small_engine, PromptBuilder(small_engine), system=SYSTEM)
     with pytest.raises(ContextOverflow) as info:
-        list(session.send("lighthouse " * 1500, max_tokens=8))
+        list(session.send("lighthouse " * 1500, GenerationOptions(max_tokens=8)))
     assert info.value.n_ctx == small_engine.n_ctx and info.value.n_prompt_tokens > 1024
     assert session.messages == []
 
@@ -154,8 +155,9 @@ def test_shift_during_a_long_reply(small_engine):
     events = list(
         session.send(
             "Now write a very long story about the sea.",
-            max_tokens=700,
-            sampling=SamplingParams(temperature=0, ignore_eos=True),
+            GenerationOptions(
+                max_tokens=700, sampling=SamplingParams(temperature=0, ignore_eos=True)
+            ),
         )
     )
     during = [e for e in events if isinstance(e, Shifted) and e.during_reply]
@@ -180,11 +182,13 @@ def test_killed_process_leaves_message_and_partial_reply(model_path: Path, tmp_p
         from localfab.chat.prompt import PromptBuilder
         from localfab.chat.session import ChatSession
         from localfab.engine import Engine, EngineSettings, SamplingParams, TokenEvent
+        from localfab.engine.types import GenerationOptions
         eng = Engine({str(model_path)!r}, EngineSettings(n_ctx=1024))
         history = History(__import__("pathlib").Path({str(db)!r}))
         s = ChatSession(eng, PromptBuilder(eng), history=history)
-        for ev in s.send("Write a long story about a lighthouse.", max_tokens=900,
-                         sampling=SamplingParams(temperature=0.7, seed=1, ignore_eos=True)):
+        sampling = SamplingParams(temperature=0.7, seed=1, ignore_eos=True)
+        options = GenerationOptions(max_tokens=900, sampling=sampling)
+        for ev in s.send("Write a long story about a lighthouse.", options):
             if isinstance(ev, TokenEvent):
                 stored = history.messages(s.session_id)[-1]
                 if stored.role == "assistant" and len(stored.content) > 10:
@@ -252,7 +256,9 @@ def test_a_reply_split_unlike_the_tokenizer_is_reused_whole(small_engine):
     prompts = PromptBuilder(small_engine)
     session = ChatSession(small_engine, prompts, system=SYSTEM, max_continues=0)
     reply = None
-    for ev in session.send("Say lighthouse twice.", max_tokens=24, sampling=forced):
+    for ev in session.send(
+        "Say lighthouse twice.", GenerationOptions(max_tokens=24, sampling=forced)
+    ):
         if isinstance(ev, Reply):
             reply = ev
     assert reply is not None and reply.text == "lighthouse lighthouse"
@@ -284,11 +290,12 @@ def test_another_process_opening_the_history_leaves_a_live_reply_alone(
         from localfab.chat.prompt import PromptBuilder
         from localfab.chat.session import ChatSession
         from localfab.engine import Engine, EngineSettings, SamplingParams, TokenEvent
+        from localfab.engine.types import GenerationOptions
         eng = Engine({str(model_path)!r}, EngineSettings(n_ctx=1024))
         s = ChatSession(eng, PromptBuilder(eng), history=History(Path({str(db)!r})))
         n = 0
-        for ev in s.send("Write a story about a lighthouse.", max_tokens=40,
-                         sampling=SamplingParams(temperature=0, ignore_eos=True)):
+        sampling = SamplingParams(temperature=0, ignore_eos=True)
+        for ev in s.send("Write a story about a lighthouse.", GenerationOptions(40, sampling)):
             n += isinstance(ev, TokenEvent)
             if n == 5:
                 print("streaming", flush=True)
@@ -324,7 +331,7 @@ def test_continuing_a_reply_updates_its_stored_row(small_engine, tmp_path):
     reply, _, _ = run_turn(session, "Describe the lighthouse.", max_tokens=6)
     assert reply.finish_reason == "length"
     final = None
-    for ev in session.continue_reply(max_tokens=6, sampling=GREEDY):
+    for ev in session.continue_reply(GenerationOptions(max_tokens=6, sampling=GREEDY)):
         if isinstance(ev, Reply):
             final = ev
     assert final is not None and final.text.startswith(reply.text)
@@ -332,7 +339,7 @@ def test_continuing_a_reply_updates_its_stored_row(small_engine, tmp_path):
     assert [m.role for m in stored] == ["user", "assistant"]
     assert stored[1].content == final.text
     again = ChatSession.resume(history, session.session_id, small_engine, prompts)
-    for ev in again.continue_reply(max_tokens=4, sampling=GREEDY):
+    for ev in again.continue_reply(GenerationOptions(max_tokens=4, sampling=GREEDY)):
         if isinstance(ev, Reply):
             final = ev
     stored = history.messages(session.session_id)

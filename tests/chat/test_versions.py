@@ -16,6 +16,7 @@ from localfab.chat.history import History
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.session import ChatEvent, ChatSession, Reply
 from localfab.engine import Engine, SamplingParams, TokenEvent
+from localfab.engine.types import GenerationOptions
 from localfab.errors import ContextOverflow, UsageError
 from tests.fake_engine import FakeEngine
 
@@ -45,7 +46,7 @@ def chat_with_two_turns(engine: Engine, tmp_path: Path) -> tuple[ChatSession, Hi
         engine, PromptBuilder(engine), system=SYSTEM, history=history, max_continues=0
     )
     for text in ("Where is the lamp?", "How bright is it?"):
-        reply_of(session.send(text, max_tokens=12, sampling=GREEDY))
+        reply_of(session.send(text, GenerationOptions(max_tokens=12, sampling=GREEDY)))
     return session, history
 
 
@@ -65,7 +66,7 @@ def test_regenerate_stores_a_new_version_of_the_reply(small_engine: Engine, tmp_
     session, history = chat_with_two_turns(small_engine, tmp_path)
     old = history.messages(sid(session))
     sampling = SamplingParams(temperature=1.5, seed=7)
-    reply = reply_of(session.regenerate(max_tokens=12, sampling=sampling))
+    reply = reply_of(session.regenerate(GenerationOptions(max_tokens=12, sampling=sampling)))
     path = history.messages(sid(session))
     assert [m.id for m in path[:3]] == [m.id for m in old[:3]]
     assert path[-1].id != old[-1].id and path[-1].content == reply.text
@@ -84,7 +85,9 @@ def test_edit_makes_a_new_version_and_switching_goes_back(
 ) -> None:
     session, history = chat_with_two_turns(small_engine, tmp_path)
     before = [dict(m) for m in session.messages]
-    reply = reply_of(session.edit(2, "Who keeps it?", max_tokens=12, sampling=GREEDY))
+    reply = reply_of(
+        session.edit(2, "Who keeps it?", GenerationOptions(max_tokens=12, sampling=GREEDY))
+    )
     assert [m["content"] for m in session.messages[2:]] == ["Who keeps it?", reply.text]
     assert reply.pieces[0].timings.cache_n > 20  # the first turn was reused
     stored = history.messages(sid(session))
@@ -96,7 +99,9 @@ def test_edit_makes_a_new_version_and_switching_goes_back(
         m["content"] for m in before
     ]
     assert cache_matches_window(small_engine, session)
-    again = reply_of(session.send("And at night?", max_tokens=8, sampling=GREEDY))
+    again = reply_of(
+        session.send("And at night?", GenerationOptions(max_tokens=8, sampling=GREEDY))
+    )
     assert again.pieces[0].timings.cache_n > 20  # the rebuilt window was reused
     # Forward again: the edited branch as it was left.
     session.switch_version(2, 1)
@@ -112,7 +117,9 @@ def test_a_stopped_regeneration_is_kept_interrupted_and_continues(
     session, history = chat_with_two_turns(small_engine, tmp_path)
     cancel = threading.Event()
     texts = []
-    for event in session.regenerate(max_tokens=40, sampling=GREEDY, cancel=cancel):
+    for event in session.regenerate(
+        GenerationOptions(max_tokens=40, sampling=GREEDY, cancel=cancel)
+    ):
         if isinstance(event, TokenEvent) and event.text:
             texts.append(event.text)
             if len(texts) == 3:
@@ -120,7 +127,7 @@ def test_a_stopped_regeneration_is_kept_interrupted_and_continues(
     stored = history.messages(sid(session))[-1]
     assert stored.status == "interrupted" and stored.versions == 2
     assert stored.content == "".join(texts)
-    reply = reply_of(session.continue_reply(max_tokens=6, sampling=GREEDY))
+    reply = reply_of(session.continue_reply(GenerationOptions(max_tokens=6, sampling=GREEDY)))
     again = history.messages(sid(session))[-1]
     assert again.id == stored.id and again.content == reply.text
     assert reply.text.startswith(stored.content) and len(reply.text) > len(stored.content)
@@ -135,10 +142,10 @@ def test_an_edit_too_long_for_the_window_changes_nothing(
     before = [dict(m) for m in session.messages]
     stored = history.all_messages(sid(session))
     with pytest.raises(ContextOverflow, match="shorten it"):
-        reply_of(session.edit(2, "lighthouse " * 2000, max_tokens=8))
+        reply_of(session.edit(2, "lighthouse " * 2000, GenerationOptions(max_tokens=8)))
     assert session.messages == before
     assert history.all_messages(sid(session)) == stored
-    reply_of(session.send("Still there?", max_tokens=4, sampling=GREEDY))
+    reply_of(session.send("Still there?", GenerationOptions(max_tokens=4, sampling=GREEDY)))
     assert history.messages(sid(session))[-2].content == "Still there?"
     history.close()
 

@@ -48,3 +48,31 @@ def test_help_lists_every_command():
     ).stdout
     listed = [line.split()[0] for line in out.split("Commands:")[1].splitlines() if line.strip()]
     assert listed[: len(COMMANDS)] == list(COMMANDS)
+
+
+def test_the_table_summaries_are_the_commands_own_help():
+    ctx = click.Context(cli)
+    for name, (_module, _attr, summary) in COMMANDS.items():
+        command = cli.get_command(ctx, name)
+        assert command is not None and command.help is not None
+        assert command.help.split("\n\n")[0].replace("\n", " ") == summary
+        for limit in (30, 45, 80, 200):
+            table = click.Command(name, help=summary).get_short_help_str(limit)
+            assert table == command.get_short_help_str(limit)
+
+
+def test_help_imports_no_command_module():
+    code = (
+        "import sys\n"
+        "from localfab.cli import cli\n"
+        "try:\n"
+        "    cli(['--help'], prog_name='localfab')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('localfab.commands.'))\n"
+        "print(loaded, file=sys.stderr)\n"
+    )
+    err = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stderr
+    assert err.strip() == "[]"

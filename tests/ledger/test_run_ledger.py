@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from localfab.engine.types import GenerationOptions
 from localfab.ledger.writer import Ledger, TokenClock, build_row, rows_to_dicts
 from localfab.machine.energy import EnergyMeter, survey
 from tests.conftest import LOCALFAB
@@ -189,7 +190,11 @@ def test_reply_recorder_around_a_chat_session(engine: object, tmp_path: Path) ->
     session = ChatSession(engine, PromptBuilder(engine), max_continues=0)
     for turn in ("Hello", "Tell me more"):
         events = list(
-            recorder.wrap(session.send(turn, max_tokens=8, sampling=SamplingParams.greedy()))
+            recorder.wrap(
+                session.send(
+                    turn, GenerationOptions(max_tokens=8, sampling=SamplingParams.greedy())
+                )
+            )
         )
         reply = events[-1]
         assert isinstance(reply, Reply)

@@ -326,9 +326,10 @@ def test_the_app_paints_without_importing_llama_cpp(tmp_path):
         "import asyncio, sys\n"
         "from pathlib import Path\n"
         "from localfab.chat.history import History\n"
-        "from localfab.tui.app import make_app\n"
+        "from localfab.tui.app import AppDeps, make_app\n"
         "async def main():\n"
-        f"    app = make_app(backend=None, history=History(Path({str(tmp_path)!r}) / 's.db'))\n"
+        f"    history = History(Path({str(tmp_path)!r}) / 's.db')\n"
+        "    app = make_app(AppDeps(history=history))\n"
         "    async with app.run_test(size=(80, 24)) as pilot:\n"
         "        await pilot.pause()\n"
         "        assert 'No model is loaded' in str(app.screen.query_one('#welcome').render())\n"
@@ -342,13 +343,13 @@ def test_the_app_paints_without_importing_llama_cpp(tmp_path):
 
 async def test_a_damaged_history_is_left_alone_and_the_app_says_chats_are_not_saved(tmp_path):
     from localfab.commands.chat import open_history
-    from localfab.tui.app import make_app
+    from localfab.tui.app import AppDeps, make_app
 
     damaged = tmp_path / "sessions.sqlite3"
     damaged.write_bytes(b"not a database " * 100)
     history, problem = open_history(damaged)
     assert problem is not None and str(damaged) in problem and "not be saved" in problem
-    app = make_app(backend=None, history=history, notices=(problem,))
+    app = make_app(AppDeps(backend=None, history=history, notices=(problem,)))
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: any("not be saved" in n.message for n in app._notifications))
     assert damaged.read_bytes() == b"not a database " * 100
@@ -381,13 +382,13 @@ def weights_loader(total: int, gate: threading.Event, seen: list[float]):
 async def test_the_load_bar_shows_the_weights_fraction_and_cancel_stops_them(history):
     from textual.widgets import ProgressBar
 
-    from localfab.tui.app import make_app
+    from localfab.tui.app import AppDeps, make_app
     from localfab.tui.local_backend import LocalBackend
 
     gate = threading.Event()
     seen: list[float] = []
     backend = LocalBackend(weights_loader(400, gate, seen), history, "fake-model")
-    app = make_app(backend=backend, history=history, model_name="fake-model")
+    app = make_app(AppDeps(backend=backend, history=history, model_name="fake-model"))
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: len(seen) >= 200)
         bar = app.chat.query_one("#load-bar", ProgressBar)

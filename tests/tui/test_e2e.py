@@ -12,7 +12,7 @@ import pytest
 from localfab.chat.history import History
 from localfab.config import Config, default_paths
 from localfab.ledger.writer import Ledger, rows_to_dicts
-from localfab.tui.app import make_app
+from localfab.tui.app import AppDeps, make_app
 from localfab.tui.local_backend import ChatOptions, LocalBackend, model_loader
 from localfab.tui.widgets.messages import MessageView
 from tests.tui_support import wait_for
@@ -35,7 +35,7 @@ async def test_chat_on_the_real_model_streams_and_is_saved(model_path, tmp_path)
         ChatOptions(max_tokens=24, max_continues=0),
         ledger_file=ledger_file,
     )
-    app = make_app(backend=backend, history=history, model_name=model_path.name)
+    app = make_app(AppDeps(backend=backend, history=history, model_name=model_path.name))
     try:
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_for(pilot, lambda: app.screen_stack and app.chat.loaded, seconds=300)
@@ -86,7 +86,7 @@ async def test_speculation_from_config_reaches_the_app_and_its_status_bar(model_
     backend = LocalBackend(
         loader, history, model_path.name, ChatOptions(max_tokens=48, max_continues=0)
     )
-    app = make_app(backend=backend, history=history, model_name=model_path.name)
+    app = make_app(AppDeps(backend=backend, history=history, model_name=model_path.name))
     words = "one two three four five six seven eight nine ten " * 3
     try:
         async with app.run_test(size=(100, 30)) as pilot:

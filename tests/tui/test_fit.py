@@ -12,7 +12,7 @@ from localfab.chat.history import History
 from localfab.gguf.facts import ModelFacts, read_facts
 from localfab.machine.probes import Machine, load_model_specs, machine_from_profile_name
 from localfab.plan import DeviceMemory, Wishes
-from localfab.tui.app import LocalfabApp, make_app
+from localfab.tui.app import AppDeps, LocalfabApp, make_app
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.screens.fit import FitScreen
@@ -68,12 +68,14 @@ def fit_app(
         return LocalBackend(fake_loader(FakeEngine(), name=name), history, name, ChatOptions())
 
     app = make_app(
-        backend=backend_for("llama-8b"),
-        history=history,
-        model_name="llama-8b",
-        theme=theme,
-        backend_factory=backend_for,
-        facts_for=reads,
+        AppDeps(
+            backend=backend_for("llama-8b"),
+            history=history,
+            model_name="llama-8b",
+            theme=theme,
+            backend_factory=backend_for,
+            facts_for=reads,
+        )
     )
     if opened is not None:
         opened.clear()
@@ -258,7 +260,7 @@ async def test_fit_from_the_models_screen_is_for_the_selected_model(tmp_path: Pa
         asked.append(name)
         return facts("Llama-3.1-8B-Instruct")
 
-    app = make_app(backend=None, history=history, models=Models(), facts_for=facts_for)
+    app = make_app(AppDeps(backend=None, history=history, models=Models(), facts_for=facts_for))
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
         table = app.screen.query_one("#models-table")

@@ -10,7 +10,7 @@ from textual.pilot import Pilot
 from textual.widgets import Button, DataTable, Static, TabbedContent
 
 from localfab.chat.history import History
-from localfab.tui.app import LocalfabApp, make_app
+from localfab.tui.app import AppDeps, LocalfabApp, make_app
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.models import ModelRow
 from localfab.tui.screens.chat import ChatScreen
@@ -52,7 +52,9 @@ async def test_with_no_model_the_app_opens_on_the_models_and_enter_chats(tmp_pat
         return LocalBackend(fake_loader(engine, name=name), history, name, ChatOptions())
 
     models = Models()
-    app = make_app(backend=None, history=history, models=models, backend_factory=backend_for)
+    app = make_app(
+        AppDeps(backend=None, history=history, models=models, backend_factory=backend_for)
+    )
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
         table = app.screen.query_one("#models-table", DataTable)
@@ -112,7 +114,7 @@ async def cursor_to(pilot: Pilot[None], screen: ModelsScreen, table_id: str, nam
 
 def models_app(tmp_path: Path, fake: FakeModels, **kwargs: Any) -> tuple[LocalfabApp, History]:
     history = History(tmp_path / "s.db")
-    return make_app(backend=None, history=history, models=fake, **kwargs), history
+    return make_app(AppDeps(backend=None, history=history, models=fake, **kwargs)), history
 
 
 async def test_catalog_shows_checking_then_each_fit_and_errors_per_row(tmp_path: Path) -> None:

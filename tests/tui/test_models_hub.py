@@ -17,7 +17,7 @@ from localfab.chat.history import History
 from localfab.config import default_paths
 from localfab.store import Store
 from localfab.store.catalog import load_catalog
-from localfab.tui.app import LocalfabApp, make_app
+from localfab.tui.app import AppDeps, LocalfabApp, make_app
 from localfab.tui.models import LocalModels
 from localfab.tui.screens.models import ModelsScreen
 from localfab.tui.widgets.confirm import ConfirmDialog
@@ -33,7 +33,9 @@ FIRST, SECOND = ENTRIES[0], ENTRIES[1]
 
 def build(tmp_path: Path) -> tuple[LocalfabApp, History]:
     history = History(tmp_path / "sessions.sqlite3")
-    return make_app(backend=None, history=history, models=LocalModels(default_paths())), history
+    return make_app(
+        AppDeps(backend=None, history=history, models=LocalModels(default_paths()))
+    ), history
 
 
 async def catalog(pilot: Pilot[None], app: LocalfabApp) -> ModelsScreen:

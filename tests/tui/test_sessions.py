@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Input
 
 from localfab.chat.history import History
-from localfab.tui.app import LocalfabApp, make_app
+from localfab.tui.app import AppDeps, LocalfabApp, make_app
 from localfab.tui.backend import ReportsWindow, StoredTurn
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat_parts import shown_index
@@ -203,7 +203,9 @@ async def test_a_long_session_reopens_with_its_window_rebuilt(history: History) 
         fake_loader(engine, steps=2), history, "fake-model", ChatOptions(reply_reserve=24)
     )
     assert isinstance(backend, ReportsWindow)
-    app = make_app(backend=backend, history=history, model_name="fake-model", session_id=sid)
+    app = make_app(
+        AppDeps(backend=backend, history=history, model_name="fake-model", session_id=sid)
+    )
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await loaded(pilot, app)
         await wait_for(pilot, lambda: bool(chat.query(ResumeDivider)))

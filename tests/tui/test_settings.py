@@ -11,7 +11,7 @@ from localfab.chat.history import History
 from localfab.commands.chat import load_config
 from localfab.config import Config, Paths, save_settings
 from localfab.errors import UsageError
-from localfab.tui.app import LocalfabApp, make_app
+from localfab.tui.app import AppDeps, LocalfabApp, make_app
 from localfab.tui.local_backend import ChatOptions, LocalBackend
 from localfab.tui.screens.chat import ChatScreen
 from localfab.tui.screens.settings import SettingsScreen, hub_lines
@@ -39,13 +39,15 @@ def settings_app(
     history = History(tmp_path / "s.db")
     backend = LocalBackend(fake_loader(FakeEngine()), history, "fake-model", ChatOptions())
     app = make_app(
-        backend=backend,
-        history=history,
-        model_name="fake-model",
-        theme=theme,
-        config=Config.load(paths, env={}),
-        paths=paths,
-        notices=notices,
+        AppDeps(
+            backend=backend,
+            history=history,
+            model_name="fake-model",
+            theme=theme,
+            config=Config.load(paths, env={}),
+            paths=paths,
+            notices=notices,
+        )
     )
     return app, paths
 

@@ -15,7 +15,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
 from localfab.chat.history import History
-from localfab.tui.app import LocalfabApp, make_app
+from localfab.tui.app import AppDeps, LocalfabApp, make_app
 from localfab.tui.widgets.prompt import PromptBox
 from tests.fake_engine import SAMPLE_REPLY
 from tests.tui_models_support import FakeModels
@@ -91,7 +91,7 @@ def test_models_screen(
     from tests.tui.test_models import Models
 
     history = History(tmp_path / "sessions.sqlite3")
-    app = make_app(backend=None, history=history, models=Models(), theme=theme)
+    app = make_app(AppDeps(backend=None, history=history, models=Models(), theme=theme))
 
     async def listed(pilot: Pilot[None]) -> None:
         await models_listed(pilot)
@@ -104,7 +104,7 @@ def test_models_screen(
 def models_app_for_snapshot(tmp_path: Path, theme: str) -> tuple[LocalfabApp, FakeModels, History]:
     fake = FakeModels()
     history = History(tmp_path / "sessions.sqlite3")
-    return make_app(backend=None, history=history, models=fake, theme=theme), fake, history
+    return make_app(AppDeps(backend=None, history=history, models=fake, theme=theme)), fake, history
 
 
 async def models_listed(pilot: Pilot[None]) -> None:
