@@ -66,7 +66,9 @@ def test_regenerate_stores_a_new_version_of_the_reply(small_engine: Engine, tmp_
     session, history = chat_with_two_turns(small_engine, tmp_path)
     old = history.messages(sid(session))
     sampling = SamplingParams(temperature=1.5, seed=7)
-    reply = reply_of(session.regenerate(GenerationOptions(max_tokens=12, sampling=sampling)))
+    reply = reply_of(
+        session.regenerate(options=GenerationOptions(max_tokens=12, sampling=sampling))
+    )
     path = history.messages(sid(session))
     assert [m.id for m in path[:3]] == [m.id for m in old[:3]]
     assert path[-1].id != old[-1].id and path[-1].content == reply.text
@@ -118,7 +120,7 @@ def test_a_stopped_regeneration_is_kept_interrupted_and_continues(
     cancel = threading.Event()
     texts = []
     for event in session.regenerate(
-        GenerationOptions(max_tokens=40, sampling=GREEDY, cancel=cancel)
+        options=GenerationOptions(max_tokens=40, sampling=GREEDY, cancel=cancel)
     ):
         if isinstance(event, TokenEvent) and event.text:
             texts.append(event.text)

@@ -11,6 +11,7 @@ import pytest
 
 from localfab.chat.history import History
 from localfab.config import Config, default_paths
+from localfab.engine.types import SamplingParams
 from localfab.ledger.writer import Ledger, rows_to_dicts
 from localfab.tui.app import AppDeps, make_app
 from localfab.tui.local_backend import ChatOptions, LocalBackend, model_loader
@@ -83,9 +84,9 @@ async def test_speculation_from_config_reaches_the_app_and_its_status_bar(model_
     history = History(paths.sessions_db)
     config = Config(speculative=(("spec_type", "ngram-simple"), ("draft_max", 3)))
     loader = model_loader(str(model_path), paths, config, ctx_size=1024)
-    backend = LocalBackend(
-        loader, history, model_path.name, ChatOptions(max_tokens=48, max_continues=0)
-    )
+    # Greedy: the reply repeats the words, so there is something to draft whatever the seed.
+    options = ChatOptions(max_tokens=48, max_continues=0, sampling=SamplingParams.greedy())
+    backend = LocalBackend(loader, history, model_path.name, options)
     app = make_app(AppDeps(backend=backend, history=history, model_name=model_path.name))
     words = "one two three four five six seven eight nine ten " * 3
     try:
