@@ -28,7 +28,8 @@ Usage: python scripts/bench.py engine --model PATH|NAME [--threads 2] [--llama-b
        python scripts/bench.py chat --model PATH|NAME [--threads 2] [--runs 3] [--json]
        python scripts/bench.py server --url localfab=URL [--url llama-server=URL] [--runs 8]
        python scripts/bench.py tui [--model PATH|NAME] [--threads N] [--runs 3] [--keys 150]
-                                   [--n-gen 128] [--only paint keys render load search decode]
+                                   [--n-gen 128] [--only paint keys render load search decode
+                                   wakeups]
                                    [--json]
 """
 
@@ -543,6 +544,69 @@ def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, An
     }
 
 
+def tui_wakeups(*, frame: float = 0.4, window: float = 3.0) -> dict[str, Any]:
+    """How often a streaming reply wakes the chat screen, with frames `frame` s apart.
+
+    On shared cores every wake-up of the UI thread preempts one of the model's threads, so the
+    screen sleeps until the pacer lets text be drawn instead of ticking at a fixed rate (the old
+    10 Hz tick woke it 10 times a second whatever the frame). Counted over `window` seconds of a
+    reply that streams from the fake engine for far longer.
+    """
+    import asyncio
+    import tempfile
+
+    from localfab.chat.history import History
+    from localfab.tui.app import AppDeps, make_app
+    from localfab.tui.local_backend import ChatOptions, LocalBackend
+    from localfab.tui.screens.chat import ChatScreen
+    from tests.fake_engine import FakeEngine, fake_loader
+
+    drains: list[float] = []
+    original = ChatScreen._drain
+
+    async def counted(self: ChatScreen) -> None:
+        drains.append(time.monotonic())
+        await original(self)
+
+    async def run(history: History) -> int:
+        text = "word " * 20000
+        engine = FakeEngine(lambda _p: text, delay=0.005, n_ctx=65536)
+        options = ChatOptions(max_tokens=-1, max_continues=0)
+        backend = LocalBackend(fake_loader(engine, steps=1), history, "fake-model", options)
+        app = make_app(AppDeps(backend=backend, history=history, model_name="fake-model"))
+        async with app.run_test(size=(100, 30)) as pilot:
+            while not (app.screen_stack and getattr(app.screen, "loaded", False)):
+                await pilot.pause(0.01)
+            chat = app.chat
+            chat.pacer.min_interval = chat.pacer.max_interval = frame
+            await pilot.press(*"go", "enter")
+            while not (chat.streaming and chat.stream.tokens):
+                await pilot.pause(0.01)
+            drains.clear()
+            await asyncio.sleep(window)  # plain: a pilot pause would wake the screen itself
+            woke = len(drains)
+            await pilot.press("escape")
+            while chat.streaming:
+                await pilot.pause(0.05)
+            return woke
+
+    ChatScreen._drain = counted  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            history = History(Path(tmp) / "sessions.sqlite3")
+            try:
+                woke = asyncio.run(run(history))
+            finally:
+                history.close()
+    finally:
+        ChatScreen._drain = original  # type: ignore[method-assign]
+    return {
+        "wakeups_per_s": woke / window,
+        "wakeups_frames_per_s": 1 / frame,
+        "wakeups_goal": f"about {1 / frame:.1f} per second (one per frame), not 10",
+    }
+
+
 def tui_render_cost(*, early: int, late: int, batch: int, window: int) -> dict[str, Any]:
     """CPU ms per token of streaming into a reply at token `late` against token `early`.
 
@@ -831,10 +895,12 @@ def cmd_tui(args: argparse.Namespace) -> dict[str, Any]:
         report |= tui_search(messages=50_000)
     if "decode" in parts:
         report |= tui_decode(model, runs=args.runs, n_gen=args.n_gen, threads=args.threads)
+    if "wakeups" in parts:
+        report |= tui_wakeups()
     return report
 
 
-TUI_PARTS = ("paint", "keys", "render", "load", "search", "decode")
+TUI_PARTS = ("paint", "keys", "render", "load", "search", "decode", "wakeups")
 
 
 def main() -> None:

@@ -123,6 +123,11 @@ class ChatBackend(Protocol):
         """Send a user message and stream the reply."""
         ...
 
+    def run_reply(self, pump: Callable[[], None]) -> None:
+        """Run `pump` where this backend generates, without waiting for it: it iterates one
+        reply (`send`, `regenerate`, ...) and hands the events to the screen itself."""
+        ...
+
     def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         """Continue the last reply from where it stopped."""
         ...

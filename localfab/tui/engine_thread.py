@@ -54,6 +54,14 @@ class EngineThread:
             return fn(*args, **kwargs)
         return self._executor.submit(fn, *args, **kwargs).result()
 
+    def post(self, fn: Callable[[], object]) -> None:
+        """Run `fn()` on the engine thread, after what is queued, without waiting for it; `fn`
+        handles its own errors (what escapes it is lost)."""
+        if self._shut:  # the thread has ended: nothing runs beside
+            fn()
+            return
+        self._executor.submit(fn)
+
     def stream(self, make: Callable[[], Iterator[T]]) -> Iterator[T]:
         """Iterate `make()` on the engine thread, handing its items to the caller as they come.
 

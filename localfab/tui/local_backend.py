@@ -163,6 +163,11 @@ class LocalBackend:
         assert self._session is not None
         return self._session
 
+    def run_reply(self, pump: Callable[[], None]) -> None:
+        # On the engine thread the reply's generator runs in place (no relay): its events go
+        # from the thread that decodes straight to the screen's inbox.
+        self.engine_thread.post(pump)
+
     @streamed_on_engine
     def send(self, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()

@@ -1,15 +1,16 @@
 """A reply on its way from the engine to the chat screen.
 
-The worker that runs the backend's generator puts each event in an inbox (`pump`) and wakes the
-screen only for what is shown at once (the first event, an end, a failure, a shift); text waits
-for the frame pacer (`pacing.FramePacer`), so the screen draws one batch of text per frame
-however fast tokens come (`take`). The live figures (time to first token, tokens per second)
-are counted as the text is taken. Nothing here imports textual: the screen owns the worker,
-the timer and the drawing.
+The backend's engine thread runs the reply's generator and puts each event in an inbox (`pump`):
+no worker relays them. It wakes the screen only for what is shown at once (the first event, an
+end, a failure, a shift); text waits for the frame pacer (`pacing.FramePacer`), so the screen
+draws one batch of text per frame however fast tokens come (`take`). The live figures (time to
+first token, tokens per second) are counted as the text is taken. Nothing here imports textual:
+the screen owns the timer and the drawing.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ class ReplyFailed:
 
 
 class StreamEnd:
-    """The worker is done with this reply."""
+    """The reply's generator is done (ended, failed or stopped)."""
 
 
 STREAM_END = StreamEnd()
@@ -50,6 +51,9 @@ class ReplyStream:
         self.first_at: float | None = None
         self.tokens = 0
         self.ended = False  # the reply's end (its final figures) has been shown
+        # Set once the reply's generator is done (`pump` returned): saved, nothing more comes.
+        self.finished = threading.Event()
+        self.finished.set()
 
     def begin(self) -> None:
         """A reply was sent: its figures start from now."""
@@ -57,18 +61,17 @@ class ReplyStream:
         self.first_at = None
         self.tokens = 0
         self.ended = False
+        self.finished.clear()
         self.pacer.start()
 
-    @staticmethod
-    def pump(
-        events: Iterator[ReplyEvent], inbox: deque[InboxItem], wake: Callable[[], object]
-    ) -> None:
-        """On the worker's thread: move the backend's events into `inbox`, waking the screen
-        for what is shown at once; a failure becomes a `ReplyFailed`, and `STREAM_END` closes
-        it either way."""
+    def pump(self, reply: Callable[[], Iterator[ReplyEvent]], wake: Callable[[], object]) -> None:
+        """On the thread that generates: move the events of `reply()` into the inbox, waking
+        the screen for what is shown at once; a failure becomes a `ReplyFailed`, and
+        `STREAM_END` closes it either way."""
+        inbox = self.inbox
         first = True
         try:
-            for event in events:
+            for event in reply():
                 inbox.append(event)
                 if first or not isinstance(event, ReplyText):
                     first = False
@@ -79,13 +82,14 @@ class ReplyStream:
             inbox.append(ReplyFailed(f"{type(exc).__name__}: {exc}"))
         finally:
             inbox.append(STREAM_END)
+            self.finished.set()
             wake()
 
     def wait(self) -> float:
         """Seconds until the pacer lets waiting text be drawn (at least a frame when none waits:
-        the worker wakes the screen for anything else)."""
+        the generating thread wakes the screen for anything else)."""
         wait = self.pacer.wait()
-        if not self.inbox:  # (not iterated: the worker appends to it meanwhile)
+        if not self.inbox:  # (not iterated: the generating thread appends to it meanwhile)
             wait = max(wait, FRAME_SECONDS)
         return max(wait, 0.001)
 

@@ -402,26 +402,35 @@ async def test_the_load_bar_shows_the_weights_fraction_and_cancel_stops_them(his
         assert not isinstance(app.screen, ErrorDialog)
 
 
-async def test_the_final_speed_stays_when_the_end_comes_before_the_workers_last_word(history):
-    # The reply's end wakes the screen at once; the worker's own end may come later, and the
-    # live figure must not replace the final one meanwhile.
+async def test_the_final_speed_stays_when_the_end_comes_before_the_generator_returns(history):
+    # The reply's end wakes the screen at once; the generator itself may return later, and the
+    # live figure must not replace the final one meanwhile (the screen goes on ticking).
     app, _ = build_app(history)
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await loaded(pilot, app)
         backend = app.backend
         send_reply = backend.send
-        worker_ends = threading.Event()  # held until the test has looked, however slow
+        returns = threading.Event()  # held until the test has looked, however slow
 
         def late_end(text, *, cancel):
             yield from send_reply(text, cancel=cancel)
-            worker_ends.wait(10)
+            returns.wait(10)
 
         backend.send = late_end
+        ticks = []
+        ticked = chat._ticked
+
+        def counted() -> None:
+            ticks.append(1)
+            ticked()
+
+        chat._ticked = counted
         await send(pilot, app, "hello there")
         await wait_for(pilot, lambda: chat.last_finish == "stop")
-        await pilot.pause(0.2)
-        assert chat.streaming  # the worker has not ended yet
+        seen = len(ticks)
+        await wait_for(pilot, lambda: len(ticks) >= seen + 2)  # two ticks after the end
+        assert chat.streaming  # the generator has not returned yet
         speed = label_text(app, "#status-speed")
-        worker_ends.set()
+        returns.set()
         await finished(pilot, app)
     assert "tok/s" in speed and "—" not in speed

@@ -56,7 +56,7 @@ async def test_a_hostile_chat_reaches_the_terminal_without_its_escapes(history: 
         await wait_for(pilot, lambda: len(chat.query(MessageView)) == 2)
         # At 120 columns the chats panel shows, with the hostile title.
         await wait_for(pilot, lambda: bool(app.screen.query(SessionItem)))
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: "plans" in written(app) and "OWNED" in written(app))
         out = written(app)
         assert "␛]0;PWNED-TITLE␇ plans" in out  # the title is drawn, its controls shown
         assert "OWNED" in out

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import time
 import weakref
 
 import pytest
@@ -18,7 +16,6 @@ from localfab.tui.pacing import (
     cpu_share_for,
     max_interval_for,
 )
-from tests.fake_engine import FakeEngine
 
 
 class Clocks:
@@ -248,37 +245,50 @@ def test_on_shared_cores_frames_may_wait_longer_so_the_share_holds_on_a_slower_c
     assert p.due()
 
 
-@pytest.mark.anyio
-async def test_a_streaming_reply_wakes_the_screen_only_when_its_text_is_due(history, monkeypatch):
-    # On shared cores every wake-up of the UI thread preempts one of the model's threads: the
-    # screen sleeps until the pacer lets text be drawn, instead of ticking at a fixed rate.
-    from localfab.tui.screens.chat import ChatScreen
-    from tests.tui_support import build_app, finished, loaded, replies, send, wait_for
+def test_a_streaming_reply_wakes_the_screen_for_its_first_text_and_what_is_shown_at_once():
+    # On shared cores every wake-up of the UI thread preempts one of the model's threads: text
+    # waits for the pacer's tick; only the first event, a shift, the end and a failure wake it.
+    # (How often the screen wakes in real time: `scripts/bench.py tui --only wakeups`.)
+    from localfab.tui.backend import ReplyText, WindowShifted
+    from localfab.tui.reply_stream import STREAM_END, ReplyFailed, ReplyStream
 
-    drains: list[float] = []
-    original = ChatScreen._drain
+    stream = ReplyStream()
+    stream.begin()
+    shifted = WindowShifted(turns=1, tokens=10)
+    events = [ReplyText("a", 1), ReplyText("b", 1), shifted, ReplyText("c", 1)]
+    woke: list[int] = []
+    stream.pump(lambda: iter(events), lambda: woke.append(len(stream.inbox)))
+    assert woke == [1, 3, 5]  # the first text, the shift, the end
+    assert list(stream.inbox) == [*events, STREAM_END] and stream.finished.is_set()
 
-    async def counted(self: ChatScreen) -> None:
-        drains.append(time.monotonic())
-        await original(self)
+    def failing():
+        yield ReplyText("a", 1)
+        raise RuntimeError("boom")
 
-    monkeypatch.setattr(ChatScreen, "_drain", counted)
-    # Text keeps coming for 20 s, far longer than the window measured, however slow the machine
-    # is to draw the first text; the reply is stopped once the window is over.
-    text = "word " * 4000
-    engine = FakeEngine(lambda prompt: text, delay=0.005)
-    app, _ = build_app(history, engine=engine)
-    async with app.run_test(size=(100, 30)) as pilot:
-        chat = await loaded(pilot, app)
-        chat.pacer.min_interval = chat.pacer.max_interval = 0.4  # a frame every 0.4 s
-        await send(pilot, app, "go")
-        await wait_for(pilot, lambda: chat.streaming and replies(app)[-1].text)
-        drains.clear()
-        await asyncio.sleep(1.2)  # plain: a pilot pause would wake the screen itself
-        assert chat.streaming
-        woke = len(drains)
-        await pilot.press("escape")
-        await finished(pilot, app)
-        assert chat.last_finish == "cancelled"
-        assert text.startswith(replies(app)[-1].text)
-    assert 2 <= woke <= 5  # three frames; the old 10 Hz tick woke it 12 times
+    stream = ReplyStream()
+    stream.begin()
+    woke.clear()
+    stream.pump(failing, lambda: woke.append(len(stream.inbox)))
+    assert woke == [1, 3]
+    assert list(stream.inbox)[1:] == [ReplyFailed("RuntimeError: boom"), STREAM_END]
+
+
+def test_the_screen_sleeps_until_waiting_text_is_due_and_at_least_a_frame_otherwise():
+    from localfab.tui.backend import ReplyText
+    from localfab.tui.reply_stream import FRAME_SECONDS, ReplyStream
+
+    clocks = Clocks()
+    stream = ReplyStream()
+    stream.pacer = pacer(clocks, min_interval=0.4, max_interval=0.4)
+    stream.begin()
+    assert stream.wait() >= FRAME_SECONDS  # nothing waits: the generating thread wakes it
+    stream.inbox.append(ReplyText("a", 1))
+    assert stream.take(None) == ["a"]  # the first text is drawn at once
+    stream.pacer.drawn()
+    stream.inbox.append(ReplyText("b", 1))
+    assert stream.take(None) is None  # then text waits for its frame
+    assert stream.wait() == pytest.approx(0.4, abs=1e-5)
+    clocks.run(0.3)
+    assert stream.wait() == pytest.approx(0.1, abs=1e-5)
+    clocks.run(0.11)
+    assert stream.take(None) == ["b"]

@@ -1,9 +1,10 @@
 """The chat screen: the conversation, the prompt box, the sessions panel and the status bar.
 
-Slow work runs in thread workers: loading the model, opening a session (which rebuilds the KV
-cache) and generating. A reply's events go from the worker into an inbox that a frame timer
-drains, so the UI gets one batch of text per frame however fast tokens come, and the Markdown
-widget appends each batch (it re-parses only the last block, never the whole reply).
+Slow work runs off the UI thread: loading the model and opening a session (which rebuilds the KV
+cache) in thread workers, a reply on the backend's engine thread, whose events go straight into
+an inbox that a frame timer drains, so the UI gets one batch of text per frame however fast
+tokens come, and the Markdown widget appends each batch (it re-parses only the last block,
+never the whole reply).
 
 The screen is in parts: saved-chat actions (`chat_sessions.SessionActions`), message versions
 (`chat_versions.VersionActions`: regenerate, edit, switch) and the pieces that need no screen
@@ -12,6 +13,7 @@ The screen is in parts: saved-chat actions (`chat_sessions.SessionActions`), mes
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -250,13 +252,13 @@ class ChatScreen(SessionActions, VersionActions):
             # A steady cursor while the reply streams: each blink is a repaint, and on shared
             # cores every bit of the UI's CPU comes out of decoding.
             self._blink, self._prompt_box.cursor_blink = self._prompt_box.cursor_blink, False
-        self._generate(job, self._cancel)
-
-    @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
-    def _generate(self, job: ReplyJob, cancel: threading.Event) -> None:
-        # Only what is shown at once wakes the UI thread; text waits for the pacer's tick.
-        wake = self.InboxWoke
-        self.stream.pump(job(cancel), self.stream.inbox, lambda: self.post_message(wake()))
+        # The reply runs on the backend's engine thread, which hands its events to the inbox;
+        # only what is shown at once wakes the UI thread, text waits for the pacer's tick.
+        stream, wake, cancel = self.stream, self.InboxWoke, self._cancel
+        assert self.backend is not None
+        self.backend.run_reply(
+            lambda: stream.pump(lambda: job(cancel), lambda: self.post_message(wake()))
+        )
 
     @on(InboxWoke)
     async def _woke(self) -> None:
@@ -494,6 +496,5 @@ class ChatScreen(SessionActions, VersionActions):
             panel.cancel.set()
         if self.streaming:
             self._cancel.set()
-            for worker in list(self.app.workers):
-                if worker.node is self and worker.group == "reply":
-                    await worker.wait()
+            # The generator marks the reply interrupted, then ends.
+            await asyncio.to_thread(self.stream.finished.wait)
