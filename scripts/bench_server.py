@@ -13,9 +13,13 @@ and the ratios against the last server. `--long-prompt 2000` adds the chunked-pr
 streams run, a prompt of that many tokens arrives, and the longest gap between two tokens of the
 running streams in the seconds around it is reported (the anchor's beside it).
 
+With `--turns 1300,4500` it measures the prompt cache: two chats of about that many words each
+take turns on every server (a short question each turn, the history growing as a chat's does),
+and the median TTFT of turns 2-6 is reported, per chat and side by side.
+
 Usage: python scripts/bench_server.py --url localfab=http://127.0.0.1:8080 \
            --url llama-server=http://127.0.0.1:8081 [--runs 8] [--tokens 64] [--prompt-words 200]
-           [--clients 1,2,4,8] [--long-prompt 2000]
+           [--clients 1,2,4,8] [--long-prompt 2000] [--turns 1300,4500]
 """
 
 from __future__ import annotations
@@ -247,6 +251,66 @@ def measure(client: httpx.Client, url: str, prompt: str, n_tokens: int) -> Sampl
     return Sample((stamps[0] - t0) * 1e3, decode, len(stamps))
 
 
+QUESTIONS = [
+    "What happened next?",
+    "Why did that matter?",
+    "Who was there?",
+    "What changed after that?",
+    "How did it end?",
+    "What would you do differently?",
+]
+
+
+def chat_turn(client: httpx.Client, url: str, prompt: str, n_tokens: int) -> tuple[float, str]:
+    """One turn of a chat (its prompt cached as a client would let it be): TTFT ms and reply."""
+    body = {"prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "stream": True}
+    t0 = time.perf_counter()
+    first = 0.0
+    text: list[str] = []
+    with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choices = json.loads(line[6:]).get("choices") or []
+            if choices and choices[0].get("text"):
+                first = first or time.perf_counter()
+                text.append(choices[0]["text"])
+    return ((first or time.perf_counter()) - t0) * 1e3, "".join(text)
+
+
+def turns(args: argparse.Namespace, servers: list[tuple[str, str]]) -> None:
+    """Two chats taking turns on each server; median TTFT of turns 2-6 per chat."""
+    sizes = [int(n) for n in args.turns.split(",")]
+    results: dict[str, dict[str, float]] = {}
+    histories = {
+        name: [f"[{uuid.uuid4().hex}] " + prompt_for(i, n) for i, n in enumerate(sizes)]
+        for name, _ in servers
+    }
+    ttfts: dict[str, list[list[float]]] = {name: [[] for _ in sizes] for name, _ in servers}
+    with httpx.Client(timeout=600) as client:
+        for turn in range(len(QUESTIONS)):
+            for chat in range(len(sizes)):
+                for name, url in servers:
+                    history = histories[name][chat] + f"\nUser: {QUESTIONS[turn]}\nAssistant:"
+                    ttft, reply = chat_turn(client, url, history, args.tokens)
+                    histories[name][chat] = history + reply
+                    if turn >= 1:
+                        ttfts[name][chat].append(ttft)
+    for name, per_chat in ttfts.items():
+        results[name] = {
+            f"chat{i + 1}_ttft_ms": statistics.median(t) for i, t in enumerate(per_chat)
+        }
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    base = servers[-1][0]
+    for name, r in results.items():
+        line = ", ".join(f"{k} {v:.0f}" for k, v in r.items())
+        ratios = ", ".join(f"x{r[k] / results[base][k]:.2f}" for k in r) if name != base else ""
+        print(f"{name:<16}{line}" + (f"   vs {base}: {ratios}" if ratios else ""))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -263,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--long-prompt", type=int, default=0, help="tokens of the prompt for the gap check"
     )
+    parser.add_argument(
+        "--turns", help="prompt cache: words of the two chats' histories, e.g. 1300,4500"
+    )
     args = parser.parse_args(argv)
     if args.runs < 6:
         parser.error("--runs must be at least 6 for a meaningful median")
@@ -274,6 +341,9 @@ def main(argv: list[str] | None = None) -> None:
         servers.append((name, url.rstrip("/")))
     if args.clients or args.long_prompt:
         concurrent(args, servers)
+        return
+    if args.turns:
+        turns(args, servers)
         return
 
     samples: dict[str, list[Sample]] = {name: [] for name, _ in servers}

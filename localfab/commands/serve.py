@@ -14,7 +14,7 @@ import click
 
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.errors import ModelError, UsageError
-from localfab.units import KV_CACHE_TYPES
+from localfab.units import KV_CACHE_TYPES, MiB
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,6 +28,9 @@ KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 FA_CHOICES = click.Choice(["auto", "on", "off"])
 
 log = logging.getLogger("localfab.server")
+
+# llama-server's default --cache-ram, in MiB.
+DEFAULT_CACHE_RAM_MIB = 8192
 
 
 def is_loopback(host: str) -> bool:
@@ -80,6 +83,14 @@ def is_loopback(host: str) -> bool:
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--slots/--no-slots", default=True, help="Enable /slots.")
 @click.option("--context-shift/--no-context-shift", default=False)
+@click.option(
+    "-cram",
+    "--cache-ram",
+    type=int,
+    default=None,
+    help="MiB of RAM for the prompts of idle conversations, restored when they come back "
+    "(-1: no limit, 0: off; default: 8192, or half the free RAM when that is less).",
+)
 @click.option("-n", "--n-predict", "--predict", type=int, default=-1, help="Max tokens per reply.")
 @click.option("--seed", type=int, default=-1, help="Default sampling seed (-1: random).")
 @click.option(
@@ -275,6 +286,7 @@ def _settings(name: str, options: dict[str, Any], config: Config) -> ServerSetti
         n_predict=options["n_predict"],
         seed=options["seed"],
         context_shift=options["context_shift"],
+        cache_ram=cache_ram_limit(options["cache_ram"]),
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],
         max_connections=options["max_connections"],
@@ -283,6 +295,21 @@ def _settings(name: str, options: dict[str, Any], config: Config) -> ServerSetti
         verbose=options["verbose"],
         **sampling_defaults(options, config),
     )
+
+
+def cache_ram_limit(mib: int | None) -> int | None:
+    """Bytes the prompt cache may hold for `--cache-ram MIB` (None: no limit); without the
+    flag, llama-server's 8 GiB or half the RAM free now, whichever is less."""
+    if mib is not None:
+        if mib < -1:
+            raise UsageError(
+                f"--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, not {mib}"
+            )
+        return None if mib == -1 else mib * MiB
+    import psutil
+
+    free = int(psutil.virtual_memory().available)
+    return min(DEFAULT_CACHE_RAM_MIB * MiB, free // 2)
 
 
 def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Callable[[], Any]:

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import llama_cpp as lc
 import numpy as np
 
+from localfab.engine.prompt_cache import PromptCache
 from localfab.errors import ContextOverflow, LocalfabError
 
 # A shift is worth it only when the part it keeps is longer than re-processing would cost.
@@ -69,6 +70,9 @@ class KVCache:
         # never touches either.
         self._rows = (0, 0)
         self._after_cut: tuple[int, int | None] | None = None
+        # Where this sequence keeps what it is about to drop, and finds prompts it held before
+        # (None: nowhere). Only sequences that run requests have one, never a draft's.
+        self.prompt_cache: PromptCache | None = None
 
     def free(self) -> None:
         """Free the batches (the context belongs to the engine)."""
@@ -252,6 +256,48 @@ class KVCache:
                 lcp = 0
             del self.cached[lcp:]
         return lcp
+
+    # --- state: the sequence's cells as bytes --------------------------------------------------
+
+    def save_state(self) -> bytearray:
+        """This sequence's cells as llama.cpp writes them (for `restore_state`)."""
+        size = int(lc.llama_state_seq_get_size_ext(self.ctx, self.seq, 0))
+        data = bytearray(size)
+        buf = (ctypes.c_uint8 * size).from_buffer(data)
+        if lc.llama_state_seq_get_data_ext(self.ctx, buf, size, self.seq, 0) != size:
+            raise LocalfabError("llama.cpp could not copy the KV cache's state")
+        return data
+
+    def restore_state(self, data: bytearray, tokens: Sequence[int]) -> bool:
+        """Make this sequence hold `tokens` again from their saved state; False (and the
+        sequence empty) when llama.cpp refuses it (no room, another layout)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        ok = int(lc.llama_state_seq_set_data_ext(self.ctx, buf, len(data), self.seq, 0)) == len(
+            data
+        )
+        if not ok:
+            lc.llama_memory_seq_rm(self.mem, self.seq, -1, -1)
+        self.cached[:] = tokens if ok else []
+        self._after_cut = (len(self.cached), None)  # no logits: the next decode computes them
+        return ok
+
+    def swap_with_cache(self, tokens: Sequence[int]) -> None:
+        """Before `tokens` replace what the sequence holds: keep its state in the prompt cache
+        when most of it would go, and restore a kept state that holds more of `tokens` (then
+        `reuse_prefix` keeps what they share). Nothing without a prompt cache."""
+        cache = self.prompt_cache
+        if cache is None or not cache.enabled:
+            return
+        have = self.common_prefix(tokens)
+        if 2 * have < len(self.cached) and cache.worth_keeping(self.cached):
+            cache.put(self.cached, self.save_state())
+        entry = cache.take(tokens, have)
+        if entry is None:
+            return
+        if self.restore_state(entry.state, entry.tokens):
+            cache.restored(self.common_prefix(tokens))
+        else:
+            cache.refused()
 
     def clear(self) -> None:
         self._wipe()

@@ -109,9 +109,7 @@ def create_app(
         close_model = callable(model) and not hasattr(model, "tokenize")
     settings = settings or ServerSettings()
     source = _as_source(model)
-    worker = EngineWorker(
-        source, context_shift=settings.context_shift, ledger=ledger, n_parallel=settings.n_parallel
-    )
+    worker = _worker(source, settings, ledger)
     if not settings.model_name:
         path = getattr(source, "path", None)
         if path is not None:
@@ -150,6 +148,16 @@ def create_app(
     app.state.server = server
     app.state.worker = worker
     return app
+
+
+def _worker(source: Any, settings: ServerSettings, ledger: LedgerWriter | None) -> EngineWorker:
+    return EngineWorker(
+        source,
+        context_shift=settings.context_shift,
+        ledger=ledger,
+        n_parallel=settings.n_parallel,
+        cache_ram=settings.cache_ram,
+    )
 
 
 def _as_source(model: Any) -> Any:

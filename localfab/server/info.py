@@ -89,7 +89,12 @@ async def metrics(server: Server, request: Request) -> Response:
             "not_supported_error",
         )
     m = server.worker.metrics
-    text = prom.render(m, n_processing=server.n_processing, n_deferred=server.worker.queued)
+    text = prom.render(
+        m,
+        n_processing=server.n_processing,
+        n_deferred=server.worker.queued,
+        cache=server.worker.prompt_cache,
+    )
     m.reset_bucket()  # the gauges are averaged over the time between two scrapes
     return Response(
         text.encode(),

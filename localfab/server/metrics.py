@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from localfab.engine.prompt_cache import PromptCache
 from localfab.engine.types import Done
 
 
@@ -74,8 +75,11 @@ def _prom(value: float) -> str:
     return f"{value:g}"
 
 
-def render(m: Metrics, *, n_processing: int, n_deferred: int) -> str:
-    """The exposition text; the caller resets the gauges' bucket after a scrape."""
+def render(
+    m: Metrics, *, n_processing: int, n_deferred: int, cache: PromptCache | None = None
+) -> str:
+    """The exposition text; the caller resets the gauges' bucket after a scrape. The prompt
+    cache's series are localfab's own (`localfab:`), after llama-server's."""
     counters = [
         ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
          m.prompt_tokens_total),
@@ -111,9 +115,32 @@ def render(m: Metrics, *, n_processing: int, n_deferred: int) -> str:
     lines = []
     for kind, items in (("counter", counters), ("gauge", gauges)):
         for name, help_, value in items:
-            lines += [
-                f"# HELP llamacpp:{name} {help_}",
-                f"# TYPE llamacpp:{name} {kind}",
-                f"llamacpp:{name} {_prom(value)}",
-            ]
+            lines += _series("llamacpp", name, help_, kind, value)
+    if cache is not None and cache.enabled:
+        for name, help_, kind, value in cache_series(cache):
+            lines += _series("localfab", name, help_, kind, value)
     return "\n".join(lines) + "\n"
+
+
+def _series(prefix: str, name: str, help_: str, kind: str, value: float) -> list[str]:
+    return [
+        f"# HELP {prefix}:{name} {help_}",
+        f"# TYPE {prefix}:{name} {kind}",
+        f"{prefix}:{name} {_prom(value)}",
+    ]
+
+
+def cache_series(cache: PromptCache) -> list[tuple[str, str, str, float]]:
+    """The prompt cache's series: (name, help, kind, value)."""
+    s = cache.stats
+    return [
+        ("prompt_cache_hits_total", "Kept prompt states restored into a slot", "counter", s.hits),
+        ("prompt_cache_tokens_restored_total",
+         "Prompt tokens restored from kept states instead of processed", "counter",
+         s.tokens_restored),
+        ("prompt_cache_saved_total", "Prompt states kept", "counter", s.saved),
+        ("prompt_cache_evicted_total", "Kept prompt states dropped to stay within --cache-ram",
+         "counter", s.evicted),
+        ("prompt_cache_bytes", "Bytes of kept prompt states", "gauge", cache.nbytes),
+        ("prompt_cache_prompts", "Prompt states kept", "gauge", len(cache.entries)),
+    ]  # fmt: skip

@@ -31,6 +31,8 @@ class ServerSettings:
     repeat_penalty: float = _SAMPLING.repeat_penalty  # --repeat-penalty: 1.0 disables
     seed: int = -1  # --seed: default sampling seed (-1: random)
     context_shift: bool = False  # --context-shift: drop old tokens instead of stopping when full
+    # --cache-ram: bytes for idle prompts' KV states (None: no limit, 0: off)
+    cache_ram: int | None = 0
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408
     header_timeout: float = 10.0  # --header-timeout: seconds to receive a request head

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localfab.engine.batch import BatchDecoder
+from localfab.engine.prompt_cache import PromptCache
 from localfab.engine.slots import Slot
 from localfab.engine.types import ContextFull, Done
 from localfab.errors import LocalfabError
@@ -53,6 +54,7 @@ class JobQueue(Protocol):
     ledger: LedgerWriter | None
     metrics: Metrics
     slots: list[SlotView]
+    prompt_cache: PromptCache
 
     @property
     def stopping(self) -> bool: ...
@@ -91,6 +93,8 @@ class SlotRunner:
         self.worker = worker
         self.engine = engine
         self.decoder = BatchDecoder(self.engine, n_slots)
+        for slot in self.decoder.slots:
+            slot.kv.prompt_cache = worker.prompt_cache
         self.waiting: deque[Job] = deque()
         self.active: dict[int, _Active] = {}
 
@@ -187,6 +191,8 @@ class SlotRunner:
         kv = slot.kv
         if not job.cache_prompt:
             kv.clear()
+        elif leader is None:  # another chat's turn: keep this prompt, restore a kept one
+            kv.swap_with_cache(job.tokens)
         if job.n_predict == 0:
             self._evaluate_only(job, slot)
             return

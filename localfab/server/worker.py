@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from localfab.engine.prompt_cache import PromptCache
 from localfab.engine.types import ContextFull, Done
 from localfab.ledger.writer import LedgerWriter, TokenClock, record_generation
 from localfab.machine.energy import Energy, EnergyMeter, Measurement
@@ -43,8 +44,12 @@ class EngineWorker:
         context_shift: bool = False,
         ledger: LedgerWriter | None = None,
         n_parallel: int = 1,
+        cache_ram: int | None = 0,
     ) -> None:
         self._source = source
+        # Idle conversations' prompts, kept when a slot takes another and restored when they
+        # come back (`--cache-ram` bytes; 0: off).
+        self.prompt_cache = PromptCache(cache_ram)
         self.context_shift = context_shift
         # Each reply's figures go to the usage ledger (`localfab stats`), with the energy it
         # took where the machine reports power; None: nothing is measured or recorded.

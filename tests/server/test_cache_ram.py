@@ -1,0 +1,95 @@
+"""The server's prompt cache: two chats taking turns on one slot each get their prompt back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from localfab.commands.serve import DEFAULT_CACHE_RAM_MIB, cache_ram_limit
+from localfab.errors import UsageError
+from localfab.server import ServerSettings, create_app
+from localfab.server.runner import BackgroundServer
+from localfab.units import MiB
+
+CHAT_A = "The lighthouse keeper climbed the spiral stairs every evening to light the lamp. " * 6
+CHAT_B = "Bread dough rises best in a warm kitchen, covered with a damp cloth. " * 6
+
+
+def serve(model_path: Path, cache_ram: int | None) -> Iterator[str]:
+    from localfab.engine import EngineSettings
+    from localfab.runtime import load_model
+
+    loaded = load_model(model_path, EngineSettings(n_ctx=2048, n_batch=512))
+    settings = ServerSettings(n_parallel=1, metrics=True, cache_ram=cache_ram)
+    server = BackgroundServer(create_app(loaded, settings)).start()
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(server.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.05)
+        yield server.url
+    finally:
+        server.stop()
+        loaded.close()
+
+
+@pytest.fixture(scope="module")
+def cached(model_path: Path) -> Iterator[str]:
+    yield from serve(model_path, cache_ram=256 * MiB)
+
+
+@pytest.fixture(scope="module")
+def uncached(model_path: Path) -> Iterator[str]:
+    yield from serve(model_path, cache_ram=0)
+
+
+def complete(url: str, prompt: str, **extra: Any) -> dict[str, Any]:
+    body = {"prompt": prompt, "n_predict": 8, "temperature": 0, **extra}
+    r = httpx.post(url + "/completion", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_two_chats_taking_turns_get_their_prompts_back(cached: str, uncached: str) -> None:
+    hits = metric(cached, "localfab:prompt_cache_hits_total")
+    a1 = complete(cached, CHAT_A)
+    complete(cached, CHAT_B)  # the slot's prompt (chat A) is kept before B replaces it
+    a2 = complete(cached, CHAT_A + " Why?")
+    assert a2["timings"]["cache_n"] >= a1["tokens_evaluated"] - 1  # only the question ran
+    assert metric(cached, "localfab:prompt_cache_hits_total") == hits + 1
+    assert metric(cached, "localfab:prompt_cache_bytes") > 0
+    # The same turns without the cache: the whole of A is processed again.
+    complete(uncached, CHAT_A)
+    complete(uncached, CHAT_B)
+    plain = complete(uncached, CHAT_A + " Why?")
+    assert plain["timings"]["cache_n"] <= 1
+    assert plain["content"] == a2["content"]  # and the reply is the same
+
+
+def test_cache_prompt_false_neither_reuses_nor_restores(cached: str) -> None:
+    complete(cached, CHAT_A)
+    complete(cached, CHAT_B)
+    again = complete(cached, CHAT_A + " Why?", cache_prompt=False)
+    assert again["timings"]["cache_n"] == 0
+
+
+def test_the_cache_ram_flag_says_bytes_with_llama_servers_meanings() -> None:
+    assert cache_ram_limit(-1) is None
+    assert cache_ram_limit(0) == 0
+    assert cache_ram_limit(512) == 512 * MiB
+    default = cache_ram_limit(None)
+    assert default is not None and 0 < default <= DEFAULT_CACHE_RAM_MIB * MiB
+    with pytest.raises(UsageError, match="--cache-ram"):
+        cache_ram_limit(-2)
