@@ -29,7 +29,7 @@ FA_CHOICES = click.Choice(["auto", "on", "off"])
 
 log = logging.getLogger("localfab.server")
 
-# llama-server's default --cache-ram, in MiB.
+# llama-server's default --cache-ram, in MiB (see `engine.prompt_cache.default_limit`).
 DEFAULT_CACHE_RAM_MIB = 8192
 
 
@@ -306,10 +306,9 @@ def cache_ram_limit(mib: int | None) -> int | None:
                 f"--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, not {mib}"
             )
         return None if mib == -1 else mib * MiB
-    import psutil
+    from localfab.engine.prompt_cache import default_limit
 
-    free = int(psutil.virtual_memory().available)
-    return min(DEFAULT_CACHE_RAM_MIB * MiB, free // 2)
+    return default_limit()
 
 
 def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Callable[[], Any]:

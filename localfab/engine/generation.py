@@ -57,6 +57,7 @@ def stream(
         sampler = new_sampler(engine, opts.sampling, readable=post_sampling(opts))
         kv = engine.kv
         cancel = opts.cancel
+        kv.swap_with_cache(prompt)  # another conversation's turn: see `Engine.use_prompt_cache`
         n_reused = prefill(kv, prompt, cancel)
         if cancel is not None and cancel.is_set():
             yield cancelled_before_first(kv, n_reused, t_start, len(prompt))

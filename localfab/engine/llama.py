@@ -44,6 +44,7 @@ from localfab.gguf.modelfile import check_gguf_file
 
 if TYPE_CHECKING:
     from localfab.engine.handle import Handle
+    from localfab.engine.prompt_cache import PromptCache
     from localfab.engine.spec import Speculator
 
 __all__ = ["Engine", "backend_info", "measure_buffers", "physical_cores"]
@@ -370,7 +371,14 @@ class Engine:
             raise ContextOverflow(len(tokens), self.n_ctx)
         self.check_tokens(tokens)
         with self._lock:
+            self._kv.swap_with_cache(tokens)
             return self._kv.evaluate(tokens)
+
+    def use_prompt_cache(self, cache: PromptCache | None) -> None:
+        """Keep what the cache holds when a prompt of another conversation replaces most of
+        it, and restore it when that conversation comes back (`evaluate`, `stream`); None:
+        off. Parallel slots use it too (`batch`)."""
+        self._kv.prompt_cache = cache
 
     # --- speculative decoding (see `spec`) ---------------------------------------------------
 

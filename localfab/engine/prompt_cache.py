@@ -21,6 +21,16 @@ from dataclasses import dataclass, field
 MIN_KEEP = 0.25
 # States shorter than this are not worth a copy: processing them again costs about as much.
 MIN_TOKENS = 32
+# llama-server's default --cache-ram (8 GiB); less where half the free RAM is less.
+DEFAULT_LIMIT = 8 << 30
+
+
+def default_limit() -> int:
+    """The bytes a prompt cache may hold on this machine when nobody says: llama-server's 8 GiB,
+    or half the RAM free now when that is less."""
+    import psutil
+
+    return min(DEFAULT_LIMIT, int(psutil.virtual_memory().available) // 2)
 
 
 @dataclass

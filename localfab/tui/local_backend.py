@@ -320,6 +320,10 @@ def model_loader(
         if cancel.is_set():
             loaded.close()
             raise LoadCancelled()
+        # Switching chats keeps the one left in RAM, and coming back restores it.
+        from localfab.engine.prompt_cache import PromptCache, default_limit
+
+        loaded.engine.use_prompt_cache(PromptCache(default_limit()))
         progress(LoadProgress("ready", 1.0, f"loaded in {time.monotonic() - started:.1f} s"))
         info = ModelCard(
             name=name,
