@@ -453,6 +453,21 @@ def _long_reply(n_tokens: int) -> str:
     return eng.detokenize(pieces)
 
 
+def _in_a_new_history(run: Any) -> Any:
+    """`asyncio.run(run(history))` with a chat history of its own, in a folder removed after."""
+    import asyncio
+    import tempfile
+
+    from localfab.chat.history import History
+
+    with tempfile.TemporaryDirectory() as tmp:
+        history = History(Path(tmp) / "sessions.sqlite3")
+        try:
+            return asyncio.run(run(history))
+        finally:
+            history.close()
+
+
 def _paint_hook(app: Any, on_paint: Any) -> None:
     """Call `on_paint()` each time the app hands a frame to its driver (painted, headless too)."""
     original = app._display
@@ -474,7 +489,6 @@ def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, An
     """
     import asyncio
     import random
-    import tempfile
 
     from textual import events
 
@@ -526,12 +540,7 @@ def tui_keypress_latency(*, tokens: int, rate: float, keys: int) -> dict[str, An
                 await pilot.pause(0.05)
             return app.chat.stream.tokens  # tokens the screen received
 
-    with tempfile.TemporaryDirectory() as tmp:
-        history = History(Path(tmp) / "sessions.sqlite3")
-        try:
-            streamed = asyncio.run(run(history))
-        finally:
-            history.close()
+    streamed = _in_a_new_history(run)
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return {
         "keypress_echo_p50_ms": statistics.median(latencies),
@@ -553,7 +562,6 @@ def tui_wakeups(*, frame: float = 0.4, window: float = 3.0) -> dict[str, Any]:
     reply that streams from the fake engine for far longer.
     """
     import asyncio
-    import tempfile
 
     from localfab.chat.history import History
     from localfab.tui.app import AppDeps, make_app
@@ -592,12 +600,7 @@ def tui_wakeups(*, frame: float = 0.4, window: float = 3.0) -> dict[str, Any]:
 
     ChatScreen._drain = counted  # type: ignore[method-assign]
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            history = History(Path(tmp) / "sessions.sqlite3")
-            try:
-                woke = asyncio.run(run(history))
-            finally:
-                history.close()
+        woke = _in_a_new_history(run)
     finally:
         ChatScreen._drain = original  # type: ignore[method-assign]
     return {
@@ -613,8 +616,6 @@ def tui_render_cost(*, early: int, late: int, batch: int, window: int) -> dict[s
     Tokens go into the chat screen's reply view a frame's batch at a time, and each batch is
     painted before the next; CPU time (not wall time) leaves out the waits between frames.
     """
-    import asyncio
-    import tempfile
 
     from localfab.chat.history import History
     from localfab.tui.app import AppDeps, make_app
@@ -653,12 +654,7 @@ def tui_render_cost(*, early: int, late: int, batch: int, window: int) -> dict[s
                 cost[mark] = spent / window * 1e3
             await view.end_stream()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        history = History(Path(tmp) / "sessions.sqlite3")
-        try:
-            asyncio.run(run(history))
-        finally:
-            history.close()
+    _in_a_new_history(run)
     return {
         f"render_ms_per_token_at_{early}": cost[early],
         f"render_ms_per_token_at_{late}": cost[late],

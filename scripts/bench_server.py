@@ -30,6 +30,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,16 @@ def request_body(prompt: str, n_tokens: int) -> dict[str, Any]:
     }
 
 
+def first_choices(r: httpx.Response) -> Iterator[dict[str, Any]]:
+    """The first choice of each streamed /v1/completions chunk, as it comes."""
+    for line in r.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        choices = json.loads(line[6:]).get("choices") or []
+        if choices:
+            yield choices[0]
+
+
 def stream_into(url: str, prompt: str, n_tokens: int, out: Stream) -> None:
     """Stream one /v1/completions reply, stamping every token into `out` (a thread's body)."""
     body = request_body(prompt, n_tokens)
@@ -85,11 +96,8 @@ def stream_into(url: str, prompt: str, n_tokens: int, out: Stream) -> None:
             out.t_sent = time.perf_counter()
             with client.stream("POST", url + "/v1/completions", json=body) as r:
                 r.raise_for_status()
-                for line in r.iter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    choices = json.loads(line[6:]).get("choices") or []
-                    if choices and choices[0].get("finish_reason") is None:
+                for choice in first_choices(r):
+                    if choice.get("finish_reason") is None:
                         out.stamps.append(time.perf_counter())
     except (httpx.HTTPError, ValueError) as exc:
         out.error = str(exc)
@@ -237,12 +245,8 @@ def measure(client: httpx.Client, url: str, prompt: str, n_tokens: int) -> Sampl
     stamps: list[float] = []
     with client.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            choices = chunk.get("choices") or []
-            if choices and choices[0].get("finish_reason") is None:
+        for choice in first_choices(r):
+            if choice.get("finish_reason") is None:
                 stamps.append(time.perf_counter())
     if not stamps:
         raise RuntimeError(f"{url} streamed no tokens")
@@ -269,13 +273,10 @@ def chat_turn(client: httpx.Client, url: str, prompt: str, n_tokens: int) -> tup
     text: list[str] = []
     with client.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choices = json.loads(line[6:]).get("choices") or []
-            if choices and choices[0].get("text"):
+        for choice in first_choices(r):
+            if choice.get("text"):
                 first = first or time.perf_counter()
-                text.append(choices[0]["text"])
+                text.append(choice["text"])
     return ((first or time.perf_counter()) - t0) * 1e3, "".join(text)
 
 
