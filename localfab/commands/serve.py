@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -83,6 +84,12 @@ def is_loopback(host: str) -> bool:
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--slots/--no-slots", default=True, help="Enable /slots.")
 @click.option("--context-shift/--no-context-shift", default=False)
+@click.option(
+    "--slot-save-path",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder where POST /slots/ID?action=save writes a slot's prompt (and restore reads).",
+)
 @click.option(
     "-cram",
     "--cache-ram",
@@ -287,6 +294,7 @@ def _settings(name: str, options: dict[str, Any], config: Config) -> ServerSetti
         seed=options["seed"],
         context_shift=options["context_shift"],
         cache_ram=cache_ram_limit(options["cache_ram"]),
+        slot_save_path=slot_folder(options["slot_save_path"]),
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],
         max_connections=options["max_connections"],
@@ -295,6 +303,13 @@ def _settings(name: str, options: dict[str, Any], config: Config) -> ServerSetti
         verbose=options["verbose"],
         **sampling_defaults(options, config),
     )
+
+
+def slot_folder(path: Path | None) -> Path | None:
+    """The folder of `--slot-save-path`, which must exist (as llama-server)."""
+    if path is not None and not path.is_dir():
+        raise UsageError(f"--slot-save-path {path} is not a folder: create it first")
+    return path
 
 
 def cache_ram_limit(mib: int | None) -> int | None:

@@ -281,6 +281,31 @@ class KVCache:
         self._after_cut = (len(self.cached), None)  # no logits: the next decode computes them
         return ok
 
+    def save_file(self, path: str) -> int:
+        """Write this sequence's cells and tokens to `path` in llama.cpp's own format (the one
+        llama-server's slot save writes); the bytes written, 0 when it could not."""
+        n = len(self.cached)
+        tokens = (lc.llama_token * max(n, 1))(*self.cached)
+        return int(lc.llama_state_seq_save_file(self.ctx, path.encode(), self.seq, tokens, n))
+
+    def load_file(self, path: str) -> int:
+        """Make this sequence hold what `save_file` wrote to `path`; the bytes read, or 0 (and
+        the sequence empty) when llama.cpp refuses the file (another model or layout, no room,
+        not a state file)."""
+        capacity = self.n_ctx
+        tokens = (lc.llama_token * capacity)()
+        count = ctypes.c_size_t(0)
+        n = int(
+            lc.llama_state_seq_load_file(
+                self.ctx, path.encode(), self.seq, tokens, capacity, ctypes.byref(count)
+            )
+        )
+        if n == 0:
+            lc.llama_memory_seq_rm(self.mem, self.seq, -1, -1)
+        self.cached[:] = tokens[: count.value] if n else []
+        self._after_cut = (len(self.cached), None)
+        return n
+
     def swap_with_cache(self, tokens: Sequence[int]) -> None:
         """Before `tokens` replace what the sequence holds: keep its state in the prompt cache
         when most of it would go, and restore a kept state that holds more of `tokens` (then

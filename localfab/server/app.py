@@ -43,7 +43,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from localfab.server import completions, info
+from localfab.server import completions, info, slot_files
 from localfab.server.gate import Gate
 from localfab.server.model_info import model_info
 from localfab.server.plumbing import not_found, wrap
@@ -80,6 +80,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/tokenize", "POST", info.tokenize),
     ("/detokenize", "POST", info.detokenize),
     ("/slots", "GET", info.slots),
+    ("/slots/{id_slot}", "POST", slot_files.slot_action),
     ("/embedding", "POST", info.embeddings),
     ("/embeddings", "POST", info.embeddings),
     ("/v1/embeddings", "POST", info.embeddings),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from localfab import __version__
 from localfab.engine.types import SamplingParams
@@ -33,6 +34,7 @@ class ServerSettings:
     context_shift: bool = False  # --context-shift: drop old tokens instead of stopping when full
     # --cache-ram: bytes for idle prompts' KV states (None: no limit, 0: off)
     cache_ram: int | None = 0
+    slot_save_path: Path | None = None  # --slot-save-path: where /slots/{id}?action=save writes
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408
     header_timeout: float = 10.0  # --header-timeout: seconds to receive a request head
