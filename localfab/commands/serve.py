@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.commands.spec_flags import spec_options, speculation
+from localfab.engine.prompt_cache import DEFAULT_LIMIT
 from localfab.errors import ModelError, UsageError
 from localfab.units import KV_CACHE_TYPES, MiB
 
@@ -30,8 +31,8 @@ FA_CHOICES = click.Choice(["auto", "on", "off"])
 
 log = logging.getLogger("localfab.server")
 
-# llama-server's default --cache-ram, in MiB (see `engine.prompt_cache.default_limit`).
-DEFAULT_CACHE_RAM_MIB = 8192
+# llama-server's default --cache-ram, in MiB.
+DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
 
 
 def is_loopback(host: str) -> bool:

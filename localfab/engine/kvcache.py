@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 import llama_cpp as lc
 import numpy as np
 
-from localfab.engine.prompt_cache import PromptCache
+from localfab.engine.prompt_cache import PromptCache, common_prefix
 from localfab.errors import ContextOverflow, LocalfabError
 
 # A shift is worth it only when the part it keeps is longer than re-processing would cost.
@@ -224,12 +224,7 @@ class KVCache:
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading tokens the cache shares with `tokens`."""
-        cached = self.cached
-        n = min(len(cached), len(tokens))
-        lcp = 0
-        while lcp < n and cached[lcp] == tokens[lcp]:
-            lcp += 1
-        return lcp
+        return common_prefix(self.cached, tokens)
 
     def evaluate(self, tokens: Sequence[int]) -> int:
         """Put `tokens` in the cache (the last one's logits computed); returns how many came
@@ -272,14 +267,8 @@ class KVCache:
         """Make this sequence hold `tokens` again from their saved state; False (and the
         sequence empty) when llama.cpp refuses it (no room, another layout)."""
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
-        ok = int(lc.llama_state_seq_set_data_ext(self.ctx, buf, len(data), self.seq, 0)) == len(
-            data
-        )
-        if not ok:
-            lc.llama_memory_seq_rm(self.mem, self.seq, -1, -1)
-        self.cached[:] = tokens if ok else []
-        self._after_cut = (len(self.cached), None)  # no logits: the next decode computes them
-        return ok
+        n = int(lc.llama_state_seq_set_data_ext(self.ctx, buf, len(data), self.seq, 0))
+        return self._loaded(tokens if n == len(data) else None)
 
     def save_file(self, path: str) -> int:
         """Write this sequence's cells and tokens to `path` in llama.cpp's own format (the one
@@ -300,11 +289,17 @@ class KVCache:
                 self.ctx, path.encode(), self.seq, tokens, capacity, ctypes.byref(count)
             )
         )
-        if n == 0:
-            lc.llama_memory_seq_rm(self.mem, self.seq, -1, -1)
-        self.cached[:] = tokens[: count.value] if n else []
-        self._after_cut = (len(self.cached), None)
+        self._loaded(tokens[: count.value] if n else None)
         return n
+
+    def _loaded(self, tokens: Sequence[int] | None) -> bool:
+        """After a state was loaded into the sequence: it holds `tokens`, or, when llama.cpp
+        refused the state (None), nothing. No logits: the next decode computes them."""
+        if tokens is None:
+            lc.llama_memory_seq_rm(self.mem, self.seq, -1, -1)
+        self.cached[:] = tokens or []
+        self._after_cut = (len(self.cached), None)
+        return tokens is not None
 
     def swap_with_cache(self, tokens: Sequence[int]) -> None:
         """Before `tokens` replace what the sequence holds: keep its state in the prompt cache

@@ -377,7 +377,7 @@ class Engine:
     def use_prompt_cache(self, cache: PromptCache | None) -> None:
         """Keep what the cache holds when a prompt of another conversation replaces most of
         it, and restore it when that conversation comes back (`evaluate`, `stream`); None:
-        off. Parallel slots use it too (`batch`)."""
+        off. The server's slots get theirs from its runner (`server.slots`)."""
         self._kv.prompt_cache = cache
 
     # --- speculative decoding (see `spec`) ---------------------------------------------------

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from localfab.engine.prompt_cache import common_prefix
 from localfab.engine.types import Done, GenerationOptions, Timings, TokenEvent
 from localfab.errors import ContextOverflow
 from localfab.ledger.writer import TokenClock
@@ -144,10 +145,7 @@ def cancelled_result(n_prompt: int) -> Done:
 def shared_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
     """How many prompt tokens the engine will take from its cache (it keeps the last one of a
     wholly cached prompt out, to have logits to sample from)."""
-    n = min(len(cached), len(tokens))
-    lcp = 0
-    while lcp < n and cached[lcp] == tokens[lcp]:
-        lcp += 1
+    lcp = common_prefix(cached, tokens)
     return lcp - 1 if lcp == len(tokens) and lcp > 0 else lcp
 
 

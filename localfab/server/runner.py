@@ -91,7 +91,7 @@ class EdgeProtocol(H11Protocol):
             return False
         key = max(self._idle, key=lambda k: len(self._idle[k]))
         victim = next(iter(self._idle[key]))
-        victim._unfile_idle()
+        victim.unfile_idle()
         log.info("closed an idle connection from %s to make room for a new one", key)
         victim.transport.close()
         return True
@@ -138,7 +138,7 @@ class EdgeProtocol(H11Protocol):
             self._cancel_head_timer()
             return
         self._cancel_head_timer()
-        self._unfile_idle()
+        self.unfile_idle()
         super().connection_lost(exc)
 
     def _is_idle(self) -> bool:
@@ -152,12 +152,12 @@ class EdgeProtocol(H11Protocol):
     def _file_idle(self) -> None:
         """Keep this connection's place in `_idle` in step with `_is_idle()`."""
         if not self._is_idle():
-            self._unfile_idle()
+            self.unfile_idle()
         elif self._idle_key is None:
             self._idle_key = self.client[0] if self.client else ""
             self._idle.setdefault(self._idle_key, {})[self] = None
 
-    def _unfile_idle(self) -> None:
+    def unfile_idle(self) -> None:
         if self._idle_key is None:
             return
         same = self._idle.get(self._idle_key, {})
@@ -183,7 +183,7 @@ class EdgeProtocol(H11Protocol):
                 "body still coming) after %gs",
                 self.header_timeout,
             )
-            self._unfile_idle()
+            self.unfile_idle()
             self.transport.close()
 
 
