@@ -52,6 +52,11 @@ class Paths:
         return self.data_dir / "sessions.sqlite3"
 
     @property
+    def prompt_cache_dir(self) -> Path:
+        """Saved KV states of prompts (the prompt cache's disk tier)."""
+        return self.cache_dir / "prompts"
+
+    @property
     def themes_dir(self) -> Path:
         """User themes, in the same format as the built-in ones."""
         return self.config_dir / "themes"
@@ -106,6 +111,18 @@ class Config:
             "doc": "record every reply's figures (never its text) in the usage ledger "
             "(localfab stats); false turns it off"
         },
+    )
+    prompt_cache: bool = field(
+        default=True,
+        metadata={
+            "doc": "keep prompts' KV states on disk (the cache folder) so that a reopened chat "
+            "or another question about the same piped document is not processed again; "
+            "false turns it off (run --no-prompt-cache for one run)"
+        },
+    )
+    prompt_cache_disk: int = field(
+        default=4096,
+        metadata={"doc": "MiB the prompt cache may take on disk (the least recently used go)"},
     )
     keys: tuple[tuple[str, str], ...] = field(
         default=(),
@@ -312,6 +329,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "min_p": (0.0, 1.0, "a number from 0 to 1"),
     "repeat_penalty": (0.0, 100.0, "a number from 0 to 100 (1.0 disables)"),
     "max_continues": (0, 1000, "0 (never continue) or a small positive number"),
+    "prompt_cache_disk": (0, 1 << 30, "0 (nothing on disk) or a number of MiB"),
 }
 _FLASH_ATTN = ("auto", "on", "off")
 

@@ -62,6 +62,11 @@ def format_duration(seconds: float | None) -> str:
     return f"{s}s"
 
 
+def format_ms(ms: float) -> str:
+    """A short time taken, as the app shows it: 420 ms, 5.9 s."""
+    return f"{ms:,.0f} ms" if ms < 1000 else f"{ms / 1000:,.1f} s"
+
+
 @dataclass(frozen=True)
 class SamplingDefaults:
     """Sampling defaults with llama.cpp's values; the engine, config and server all read these."""

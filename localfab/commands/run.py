@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -50,14 +51,15 @@ def setup_logging(verbose: int) -> None:
 
 
 def read_prompt(words: tuple[str, ...]) -> str:
-    """The prompt from the arguments, with piped standard input added after it; UsageError
-    when both are empty."""
+    """The prompt from the arguments, after piped standard input (the document first, the
+    question after it, so that questions about one document share its cached prefix);
+    UsageError when both are empty."""
     prompt = " ".join(words)
     stdin = sys.stdin
     if not stdin.isatty():
         piped = stdin.read()
         if piped.strip():
-            prompt = f"{prompt}\n\n{piped}" if prompt else piped
+            prompt = f"{piped.rstrip()}\n\n{prompt}" if prompt else piped
     if not prompt.strip():
         raise UsageError("no prompt: give it as arguments or pipe it on standard input")
     return prompt
@@ -116,6 +118,13 @@ def read_prompt(words: tuple[str, ...]) -> str:
     "every line of llama.cpp's log.",
 )
 @click.option(
+    "--prompt-cache/--no-prompt-cache",
+    default=None,
+    help="Keep the prompt's KV state in the cache folder and restore it next time, so that "
+    "another question about the same piped document does not process it again (default: "
+    "config prompt_cache, on; only prompts of 512 tokens or more are kept).",
+)
+@click.option(
     "--no-ledger",
     is_flag=True,
     help="Do not record this reply in the usage ledger (see localfab stats).",
@@ -133,6 +142,7 @@ def run(
     raw: bool,
     as_json: bool,
     verbose: int,
+    prompt_cache: bool | None,
     no_ledger: bool,
     sampling_flags: dict[str, Any],
     load_flags: dict[str, Any],
@@ -140,7 +150,9 @@ def run(
 ) -> None:
     """Answer PROMPT with MODEL (a .gguf path or a registered name), streaming to stdout.
 
-    Piped standard input is added after PROMPT: cat notes.md | localfab run MODEL "Summarize:".
+    Piped standard input comes before PROMPT: cat notes.md | localfab run MODEL "Summarize:".
+    The document's processed state is kept on disk (--prompt-cache): the next question about
+    it starts from there.
     Ctrl-C stops the answer, keeps what was printed and exits with 130.
     """
     from localfab.chat.session import ChatSession
@@ -152,13 +164,11 @@ def run(
     _check_limits(max_tokens, load_flags["ctx_size"], max_continues)
     text = read_prompt(prompt)
 
-    paths = default_paths()
-    config = Config.load(paths)
+    config = Config.load(paths := default_paths())
     speculative = speculation(config, paths, spec_flags)
     choice = _plan(model, paths, config, verbose, load_flags)
     loaded = choice.open(speculative=speculative)
-    for notice in loaded.notices:
-        click.echo(f"localfab: note: {notice}", err=True)
+    _ready(loaded, paths, config, _pick(prompt_cache, config.prompt_cache))
 
     # An explicit -n is a hard cap, as in llama.cpp; only the configured default limit is
     # continued automatically, unless --max-continues asks for it too.
@@ -178,9 +188,54 @@ def run(
     if verbose:
         past = speculative is not None and loaded.engine.speculation_batch_past > 1
         _report_timings(reply, energy, drafts=speculative is not None, past=past)
+    _keep_prompt(loaded.engine, len(tokens), verbose)
     if writer is not None and ledger is not None:
         _close_ledger(writer, ledger, recorder, verbose)
     loaded.close()
+
+
+# `run` keeps a prompt's state on disk only from this length (tokens): shorter ones take about
+# as long to process as to read back.
+RUN_CACHE_MIN = 512
+
+
+def _ready(loaded: Any, paths: Paths, config: Config, prompt_cache: bool) -> None:
+    """After the load: its notices on stderr, and the prompt cache's disk tier for this one
+    run (no RAM tier: one prompt) unless it is off."""
+    from localfab.engine.prompt_cache import open_prompt_cache
+
+    for notice in loaded.notices:
+        click.echo(f"localfab: note: {notice}", err=True)
+    if not prompt_cache:
+        return
+    engine = loaded.engine
+
+    cache = open_prompt_cache(
+        0,
+        key=engine.state_key(),
+        folder=paths.prompt_cache_dir,
+        disk_limit=config.prompt_cache_disk << 20,
+        note=lambda text: click.echo(f"localfab: note: {text}", err=True),
+    )
+    if cache.enabled:
+        engine.use_prompt_cache(cache)
+
+
+def _keep_prompt(engine: Any, n_prompt: int, verbose: int) -> None:
+    """Write the prompt's state (and the reply's) to the disk tier, after the answer, when
+    the prompt is long enough to be worth it."""
+    cache = engine.prompt_cache
+    if cache is None or cache.disk is None or n_prompt < RUN_CACHE_MIN:
+        return
+    started = time.perf_counter()
+    written = engine.persist_prompt()
+    if verbose and written:
+        click.echo(
+            f"localfab: prompt cache: kept {len(engine.kv.cached):,} tokens in "
+            f"{cache.disk.folder} ({written / 1e6:.1f} MB, "
+            f"{(time.perf_counter() - started) * 1e3:.0f} ms)",
+            err=True,
+        )
 
 
 def _start(
@@ -321,6 +376,12 @@ def _report_timings(reply: Reply, energy: Energy, *, drafts: bool, past: bool) -
         f"stop: {reply.stop_type}",
         err=True,
     )
+    if t.restored_n:
+        click.echo(
+            f"localfab: prompt cache: {t.restored_n:,} prompt tokens restored from "
+            f"{t.restored_from} in {t.restore_ms:.0f} ms",
+            err=True,
+        )
     click.echo(f"localfab: {describe_energy(energy, reply.completion_tokens)}", err=True)
     if drafts:
         click.echo(f"localfab: {describe_drafts(reply.pieces, past=past)}", err=True)

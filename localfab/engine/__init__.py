@@ -23,7 +23,8 @@ from localfab.engine.types import (
 )
 
 if TYPE_CHECKING:
-    from localfab.engine.llama import Engine, backend_info, measure_buffers, physical_cores
+    from localfab.engine.buffers import measure_buffers
+    from localfab.engine.llama import Engine, backend_info, physical_cores
 
 __all__ = [
     "KV_TYPES",
@@ -43,7 +44,7 @@ __all__ = [
     "physical_cores",
 ]
 
-_LAZY = {"Engine", "backend_info", "measure_buffers", "physical_cores"}
+_LAZY = {"Engine", "backend_info", "physical_cores"}
 
 
 def __getattr__(name: str) -> Any:
@@ -51,4 +52,8 @@ def __getattr__(name: str) -> Any:
         from localfab.engine import llama
 
         return getattr(llama, name)
+    if name == "measure_buffers":
+        from localfab.engine.buffers import measure_buffers
+
+        return measure_buffers
     raise AttributeError(name)

@@ -57,7 +57,8 @@ def stream(
         sampler = new_sampler(engine, opts.sampling, readable=post_sampling(opts))
         kv = engine.kv
         cancel = opts.cancel
-        kv.swap_with_cache(prompt)  # another conversation's turn: see `Engine.use_prompt_cache`
+        # Another conversation's turn: see `Engine.use_prompt_cache`.
+        restored = kv.swap_with_cache(prompt)
         n_reused = prefill(kv, prompt, cancel)
         if cancel is not None and cancel.is_set():
             yield cancelled_before_first(kv, n_reused, t_start, len(prompt))
@@ -65,6 +66,7 @@ def stream(
         reply = ReplyState(
             engine, opts, sampler, n_prompt=len(prompt), n_reused=n_reused, t_start=t_start
         )
+        reply.restored = restored
         # Not with post-sampling probabilities: drafted tokens have no sampler output of their
         # own to report. Chosen once per reply, never inside the loop.
         speculator = None if post_sampling(opts) else engine.speculator

@@ -12,13 +12,14 @@ has.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import llama_cpp as lc
 import numpy as np
 
-from localfab.engine.prompt_cache import PromptCache, common_prefix
+from localfab.engine.prompt_cache import PromptCache, Restored, common_prefix
 from localfab.errors import ContextOverflow, LocalfabError
 
 # A shift is worth it only when the part it keeps is longer than re-processing would cost.
@@ -301,23 +302,36 @@ class KVCache:
         self._after_cut = (len(self.cached), None)
         return tokens is not None
 
-    def swap_with_cache(self, tokens: Sequence[int]) -> None:
+    def swap_with_cache(self, tokens: Sequence[int]) -> Restored | None:
         """Before `tokens` replace what the sequence holds: keep its state in the prompt cache
-        when most of it would go, and restore a kept state that holds more of `tokens` (then
-        `reuse_prefix` keeps what they share). Nothing without a prompt cache."""
+        when most of it would go, and restore a kept state (from RAM or disk) that holds more of
+        `tokens` (then `reuse_prefix` keeps what they share). What was restored, or None;
+        nothing without a prompt cache."""
         cache = self.prompt_cache
         if cache is None or not cache.enabled:
-            return
+            return None
+        t0 = time.perf_counter()
         have = self.common_prefix(tokens)
         if 2 * have < len(self.cached) and cache.worth_keeping(self.cached):
             cache.put(self.cached, self.save_state())
-        entry = cache.take(tokens, have)
-        if entry is None:
-            return
-        if self.restore_state(entry.state, entry.tokens):
-            cache.restored(self.common_prefix(tokens))
-        else:
+        found = cache.take(tokens, have)
+        if found is None:
+            return None
+        entry, tier = found
+        if not self.restore_state(entry.state, entry.tokens):
             cache.refused()
+            return None
+        n = self.common_prefix(tokens)
+        cache.restored(n, tier)
+        return Restored(n, time.perf_counter() - t0, tier)
+
+    def persist(self) -> int:
+        """Write what the sequence holds to the prompt cache's disk tier unless a file holds it
+        already (a chat going idle, the app quitting, `run` ending); the bytes written."""
+        cache = self.prompt_cache
+        if cache is None or cache.on_disk(self.cached):
+            return 0
+        return cache.store(self.cached, self.save_state())
 
     def clear(self) -> None:
         self._wipe()

@@ -29,10 +29,8 @@ from localfab.engine import generation, native
 from localfab.engine.kvcache import KVCache
 from localfab.engine.native import backend_info, physical_cores
 from localfab.engine.types import (
-    BufferSizes,
     Done,
     EngineSettings,
-    FlashAttn,
     GenerationOptions,
     SpecSettings,
     TokenEvent,
@@ -43,17 +41,21 @@ from localfab.errors import ContextOverflow, LocalfabError, UsageError
 from localfab.gguf.modelfile import check_gguf_file
 
 if TYPE_CHECKING:
+    from localfab.engine.disk_cache import StateKey
     from localfab.engine.handle import Handle
-    from localfab.engine.prompt_cache import PromptCache
+    from localfab.engine.prompt_cache import PromptCache, Restored
     from localfab.engine.spec import Speculator
 
-__all__ = ["Engine", "backend_info", "measure_buffers", "physical_cores"]
+__all__ = ["Engine", "backend_info", "physical_cores"]
 
 log = logging.getLogger("localfab.engine")
 
 
 class Engine:
     """One loaded model with its context. Not thread-safe: one generation at a time."""
+
+    # What the prompt cache gave back to the last `evaluate` (None: nothing).
+    restored: Restored | None = None
 
     def __init__(
         self,
@@ -371,7 +373,7 @@ class Engine:
             raise ContextOverflow(len(tokens), self.n_ctx)
         self.check_tokens(tokens)
         with self._lock:
-            self._kv.swap_with_cache(tokens)
+            self.restored = self._kv.swap_with_cache(tokens)
             return self._kv.evaluate(tokens)
 
     def use_prompt_cache(self, cache: PromptCache | None) -> None:
@@ -379,6 +381,22 @@ class Engine:
         it, and restore it when that conversation comes back (`evaluate`, `stream`); None:
         off. The server's slots get theirs from its runner (`server.slots`)."""
         self._kv.prompt_cache = cache
+
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        return self._kv.prompt_cache
+
+    def persist_prompt(self) -> int:
+        """Write what the cache holds to the prompt cache's disk tier, unless a file holds it
+        already (a chat gone idle, the app quitting, `run` ending); the bytes written."""
+        with self._lock:
+            return self._kv.persist()
+
+    def state_key(self) -> StateKey:
+        """What a saved KV state of this engine depends on (the disk tier's key)."""
+        from localfab.engine.disk_cache import state_key
+
+        return state_key(self.path, self.settings, self.n_ctx, self.n_seq_max)
 
     # --- speculative decoding (see `spec`) ---------------------------------------------------
 
@@ -466,30 +484,3 @@ class Engine:
                 done = event
         assert done is not None
         return done
-
-
-def measure_buffers(
-    path: str | Path,
-    *,
-    n_ctx: int,
-    n_ubatch: int = 512,
-    n_batch: int | None = None,
-    flash_attn: FlashAttn = "auto",
-    type_k: str = "f16",
-    type_v: str = "f16",
-    n_gpu_layers: int = 0,
-    swa_full: bool = True,
-) -> BufferSizes:
-    """Load a model and return the buffer sizes llama.cpp reports (for planner calibration)."""
-    settings = EngineSettings(
-        n_ctx=n_ctx,
-        n_ubatch=n_ubatch,
-        n_batch=n_batch or max(n_ubatch, 2048),
-        flash_attn=flash_attn,
-        type_k=type_k,
-        type_v=type_v,
-        n_gpu_layers=n_gpu_layers,
-        swa_full=swa_full,
-    )
-    with Engine(path, settings) as engine:
-        return engine.buffers

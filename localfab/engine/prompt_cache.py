@@ -12,15 +12,33 @@ module is plain bookkeeping.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-# A kept state is taken only when the new prompt keeps at least this share of it (llama-server
-# skips states whose f_keep is under 0.25: restoring them would throw most of them away).
-MIN_KEEP = 0.25
-# States shorter than this are not worth a copy: processing them again costs about as much.
-MIN_TOKENS = 32
+from localfab.engine.cached import (
+    MIN_KEEP,
+    MIN_TOKENS,
+    CachedPrompt,
+    common_prefix,
+    worth_taking,
+)
+from localfab.engine.disk_cache import DiskCache, Note, StateKey
+
+__all__ = [
+    "MIN_KEEP",
+    "MIN_TOKENS",
+    "CacheStats",
+    "CachedPrompt",
+    "PromptCache",
+    "Restored",
+    "common_prefix",
+    "default_limit",
+    "open_prompt_cache",
+]
+
 # llama-server's default --cache-ram (8 GiB); less where half the free RAM is less.
 DEFAULT_LIMIT = 8 << 30
 
@@ -33,25 +51,22 @@ def default_limit() -> int:
     return min(DEFAULT_LIMIT, int(psutil.virtual_memory().available) // 2)
 
 
-@dataclass
-class CachedPrompt:
-    """One kept state: the tokens its cells hold, in order, and llama.cpp's bytes of it."""
-
-    tokens: tuple[int, ...]
-    state: bytearray
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.state)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def open_prompt_cache(
+    ram: int | None,
+    *,
+    key: StateKey | None = None,
+    folder: Path | None = None,
+    disk_limit: int = 0,
+    note: Note | None = None,
+) -> PromptCache:
+    """A prompt cache of `ram` bytes (None: no limit, 0: none in RAM), with a disk tier in
+    `folder` for states of `key` when both are given and `disk_limit` is above 0."""
+    disk = None
+    if key is not None and folder is not None and disk_limit > 0:
+        disk = DiskCache(folder, key, disk_limit)
+        if note is not None:
+            disk.note = note
+    return PromptCache(ram, disk=disk)
 
 
 @dataclass
@@ -63,24 +78,43 @@ class CacheStats:
     tokens_restored: int = 0  # prompt tokens those states spared processing
     evicted: int = 0
     failed: int = 0  # states llama.cpp refused to restore (then processed as usual)
+    disk_hits: int = 0  # of the hits, states read from the disk tier
+    disk_written: int = 0  # state files written
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore gave a prompt: its first `n_tokens` from a kept state, in `seconds`,
+    from "ram" or "disk"."""
+
+    n_tokens: int
+    seconds: float
+    tier: str
 
 
 @dataclass
 class PromptCache:
-    """Kept states, oldest first, within `limit` bytes (None: no limit)."""
+    """Kept states, oldest first, within `limit` bytes of RAM (None: no limit), and on disk
+    when `disk` is given (`disk_cache`: kept across restarts, shared by processes)."""
 
     limit: int | None
+    disk: DiskCache | None = None
     entries: list[CachedPrompt] = field(default_factory=list)
     stats: CacheStats = field(default_factory=CacheStats)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _writes: queue.Queue[tuple[tuple[int, ...], bytearray] | None] | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries)
 
     @property
-    def enabled(self) -> bool:
+    def in_ram(self) -> bool:
         return self.limit is None or self.limit > 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.in_ram or self.disk is not None
 
     def worth_keeping(self, tokens: Sequence[int]) -> bool:
         """Whether a sequence holding `tokens` should be kept before it is overwritten: long
@@ -95,8 +129,11 @@ class PromptCache:
 
     def put(self, tokens: Sequence[int], state: bytearray) -> None:
         """Keep `state` (of a sequence holding `tokens`); states it extends leave, and the
-        oldest leave while the total is over the limit."""
-        if not self.enabled or (self.limit is not None and len(state) > self.limit):
+        oldest leave while the total is over the limit. With a disk tier the state is also
+        written there, by a thread of its own (the caller goes on at once)."""
+        if self.disk is not None:
+            self._write_later(tuple(tokens), state)
+        if not self.in_ram or (self.limit is not None and len(state) > self.limit):
             return
         entry = CachedPrompt(tuple(tokens), state)
         with self._lock:
@@ -114,26 +151,79 @@ class PromptCache:
                 self.entries.pop(0)
                 self.stats.evicted += 1
 
-    def take(self, prompt: Sequence[int], have: int) -> CachedPrompt | None:
+    def take(self, prompt: Sequence[int], have: int) -> tuple[CachedPrompt, str] | None:
         """The kept state that holds the longest beginning of `prompt`, longer than the `have`
-        tokens the sequence already holds, and keeps at least `MIN_KEEP` of it; it leaves the
-        cache (the sequence holds it now). None when no state is worth restoring."""
+        tokens the sequence already holds, and keeps at least `MIN_KEEP` of it, with its tier
+        ("ram" or "disk"). A state from RAM leaves it (the sequence holds it now); a disk file
+        stays. None when no state is worth restoring."""
         with self._lock:
             best: CachedPrompt | None = None
-            best_lcp = max(have, MIN_TOKENS - 1)
+            best_lcp = have
             for e in self.entries:
                 lcp = common_prefix(e.tokens, prompt)
-                if lcp > best_lcp and lcp >= MIN_KEEP * len(e.tokens):
+                if worth_taking(lcp, len(e.tokens), best_lcp):
                     best, best_lcp = e, lcp
-            if best is not None:
+        # The disk only for what saves more than a short prompt's processing.
+        if self.disk is not None and best_lcp + MIN_TOKENS <= len(prompt):
+            found = self.disk.find(prompt, best_lcp)
+            if found is not None:
+                entry = self.disk.load(found[0])
+                if entry is not None:
+                    return entry, "disk"
+        if best is None:
+            return None
+        with self._lock:
+            if best in self.entries:
                 self.entries.remove(best)
-            return best
+                return best, "ram"
+        return None
 
-    def restored(self, n_tokens: int) -> None:
+    def restored(self, n_tokens: int, tier: str) -> None:
         with self._lock:
             self.stats.hits += 1
             self.stats.tokens_restored += n_tokens
+            self.stats.disk_hits += tier == "disk"
 
     def refused(self) -> None:
         with self._lock:
             self.stats.failed += 1
+
+    # --- the disk tier --------------------------------------------------------------------------
+
+    def on_disk(self, tokens: Sequence[int]) -> bool:
+        """Whether the disk tier holds `tokens` already (True without a disk tier: nothing to
+        write)."""
+        self.flush()
+        return self.disk is None or len(tokens) < MIN_TOKENS or self.disk.covered(tokens)
+
+    def store(self, tokens: Sequence[int], state: bytearray) -> int:
+        """Write `state` to the disk tier now (an app quitting, `run` ending); the bytes
+        written (0: none)."""
+        if self.disk is None:
+            return 0
+        self.flush()
+        n = self.disk.store(tokens, state)
+        self.stats.disk_written += n > 0
+        return n
+
+    def _write_later(self, tokens: tuple[int, ...], state: bytearray) -> None:
+        if self._writes is None:
+            self._writes = queue.Queue()
+            threading.Thread(target=self._writer, name="prompt-cache-writer", daemon=True).start()
+        self._writes.put((tokens, state))
+
+    def _writer(self) -> None:
+        writes = self._writes
+        assert writes is not None and self.disk is not None
+        while True:
+            item = writes.get()
+            try:
+                if item is not None:
+                    self.stats.disk_written += self.disk.store(*item) > 0
+            finally:
+                writes.task_done()
+
+    def flush(self) -> None:
+        """Wait until the states handed to the disk tier are written."""
+        if self._writes is not None:
+            self._writes.join()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import llama_cpp as lc
@@ -41,6 +42,7 @@ from localfab.errors import ContextOverflow, UsageError
 if TYPE_CHECKING:
     from localfab.engine.handle import Handle
     from localfab.engine.kvcache import KVCache
+    from localfab.engine.prompt_cache import Restored
 
 Logits = np.ndarray[Any, np.dtype[np.float32]]
 Ranked = tuple[tuple[tuple[int, bytes, float], ...], float]
@@ -167,6 +169,8 @@ class ReplyState:
         self.draft_n = 0
         self.draft_n_accepted = 0
         self.draft_verifies = 0
+        # What the prompt cache gave back before the prompt ran (`KVCache.swap_with_cache`).
+        self.restored: Restored | None = None
         self.n_probs = opts.n_probs
         # Probabilities ranked from the raw logits before sampling (not the chain's output).
         self.raw_probs = opts.n_probs > 0 and not post_sampling(opts)
@@ -255,6 +259,11 @@ class ReplyState:
             draft_n_accepted=self.draft_n_accepted,
             draft_verifies=self.draft_verifies,
         )
+        if self.restored is not None:
+            r = self.restored
+            timings = replace(
+                timings, restored_n=r.n_tokens, restore_ms=r.seconds * 1e3, restored_from=r.tier
+            )
         done = Done(
             text="".join(self.parts),
             finish_reason=finish,

@@ -249,6 +249,11 @@ class Timings:
     draft_n: int = 0
     draft_n_accepted: int = 0
     draft_verifies: int = 0  # decodes that verified a draft (for /metrics; not in timings)
+    # Of cache_n, the tokens a kept state gave back (the prompt cache), the time that took and
+    # where the state was ("ram" or "disk"); not in llama-server's timings object.
+    restored_n: int = 0
+    restore_ms: float = 0.0
+    restored_from: str = ""
 
     @property
     def draft_acceptance(self) -> float:

@@ -44,6 +44,11 @@ class EngineThread:
         self._ident = threading.get_ident()
 
     @property
+    def closed(self) -> bool:
+        """Whether `shutdown` was called (posted work would run on the caller's thread)."""
+        return self._shut
+
+    @property
     def on_it(self) -> bool:
         """Whether the caller is running on the engine thread."""
         return threading.get_ident() == self._ident

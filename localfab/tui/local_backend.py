@@ -6,6 +6,7 @@ calls them, after the first frame is painted.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localfab.errors import LoadCancelled, UsageError
+from localfab.errors import LoadCancelled, LocalfabError, UsageError
 from localfab.tui.backend import (
     LoadProgress,
     ModelCard,
@@ -26,16 +27,20 @@ from localfab.tui.backend import (
     WindowShifted,
 )
 from localfab.tui.engine_thread import EngineThread, on_engine, streamed_on_engine
+from localfab.units import format_ms
 
 if TYPE_CHECKING:
     from localfab.chat.history import History, StoredMessage
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession
     from localfab.config import Config, Paths
+    from localfab.engine.prompt_cache import Restored
     from localfab.engine.types import GenerationOptions, SamplingParams
     from localfab.ledger.writer import LedgerWriter, ReplyRecorder
     from localfab.machine.energy import Energy
     from localfab.plan import Wishes
+
+log = logging.getLogger("localfab.tui")
 
 __all__ = ["ChatModel", "ChatOptions", "LoadCancelled", "LocalBackend", "model_loader"]
 
@@ -93,6 +98,12 @@ class LocalBackend:
     _loaded: ChatModel | None = None
     _session: ChatSession | None = None
     _recorder: ReplyRecorder | None = None
+    # What opening the current chat did with its window (restored from the prompt cache or
+    # processed), told in the footer of its first reply.
+    _opened: str = ""
+    # Replies started: a chat is written to the prompt cache's disk tier once it has been idle
+    # (no new reply) for `IDLE_PERSIST_S`.
+    _activity: int = 0
     engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
 
     @on_engine
@@ -128,7 +139,10 @@ class LocalBackend:
         from localfab.chat.session import ChatSession
 
         loaded = self._require()
+        self._opened = ""
         if session_id is not None and self.history is not None:
+            engine = loaded.engine
+            before, started = getattr(engine, "restored", None), time.perf_counter()
             self._session = ChatSession.resume(
                 self.history,
                 session_id,
@@ -136,6 +150,12 @@ class LocalBackend:
                 loaded.prompts,
                 max_continues=self.options.max_continues,
                 reply_reserve=self.options.reply_reserve,
+            )
+            restored = getattr(engine, "restored", None)
+            self._opened = window_note(
+                len(self._session.expected_cache),
+                time.perf_counter() - started,
+                restored if restored is not before else None,
             )
             return self.path()
         # The chat is stored from its first message on: an opened, unused chat leaves no trace.
@@ -200,11 +220,40 @@ class LocalBackend:
 
     def _events(self, events: Iterator[Any]) -> Iterator[ReplyEvent]:
         """A reply's events for the app, measured and recorded in the usage ledger."""
+        opened, self._opened = self._opened, ""
+        self._activity += 1
         recorder = self._recorder
         if recorder is None:
-            yield from _translate(events)
+            yield from _translate(events, opened=opened)
+        else:
+            energy = lambda: recorder.energy  # noqa: E731
+            yield from _translate(recorder.wrap(events), energy=energy, opened=opened)
+        self._persist_when_idle()
+
+    def _persist_when_idle(self) -> None:
+        """Write the chat's KV state to the prompt cache's disk tier once no reply has started
+        for `IDLE_PERSIST_S` (a reopened chat, after a restart, is then restored, not processed)."""
+        mark = self._activity
+
+        def check() -> None:
+            if self._activity == mark and not self.engine_thread.closed:
+                self.engine_thread.post(lambda: self._persist(mark))
+
+        timer = threading.Timer(IDLE_PERSIST_S, check)
+        timer.daemon = True
+        timer.start()
+
+    def _persist(self, mark: int | None = None) -> None:
+        """On the engine thread: the chat's state to disk (unless a reply started since)."""
+        loaded = self._loaded
+        if loaded is None or (mark is not None and mark != self._activity):
             return
-        yield from _translate(recorder.wrap(events), energy=lambda: recorder.energy)
+        persist = getattr(loaded.engine, "persist_prompt", None)
+        if persist is not None:
+            try:
+                persist()
+            except LocalfabError as exc:  # never breaks the app: the next open processes it
+                log.warning("prompt cache: could not keep the chat's state (%s)", exc)
 
     @on_engine
     def switch_version(self, message_id: int, step: int) -> list[StoredTurn]:
@@ -238,6 +287,7 @@ class LocalBackend:
 
     def _close(self) -> None:
         if self._loaded is not None:
+            self._persist()  # the chat left open is restored, not processed, next time
             self._loaded.close()
             self._loaded = None
         self._session = None
@@ -250,12 +300,48 @@ def _turn(m: StoredMessage) -> StoredTurn:
     return StoredTurn(m.role, m.content, m.status, m.id, m.version, m.versions)
 
 
+# Seconds without a new reply after which the chat's KV state is written to disk.
+IDLE_PERSIST_S = 20.0
+# A reply's prompt this long (tokens) gets its processing time in the footer.
+NOTED_PROMPT = 1000
+
+
+def window_note(n_tokens: int, seconds: float, restored: Restored | None) -> str:
+    """What getting a chat's window into the cache took, for a reply's footer ("" when it was
+    short and processed)."""
+    if restored is not None and restored.n_tokens:
+        return f"{restored.n_tokens:,} tokens restored from cache in {format_ms(seconds * 1e3)}"
+    if n_tokens >= NOTED_PROMPT:
+        return f"{n_tokens:,} tokens processed in {format_ms(seconds * 1e3)}"
+    return ""
+
+
+def _prompt_note(timings: Any, opened: str) -> str:
+    """A reply's footer note on its prompt: restored from the prompt cache, long and processed,
+    or what opening the chat did (`opened`)."""
+    if timings.restored_n:
+        return window_note(0, timings.prompt_ms / 1e3, _as_restored(timings))
+    if timings.prompt_n >= NOTED_PROMPT:
+        return window_note(timings.prompt_n, timings.prompt_ms / 1e3, None)
+    return opened
+
+
+def _as_restored(timings: Any) -> Restored:
+    from localfab.engine.prompt_cache import Restored
+
+    return Restored(timings.restored_n, timings.restore_ms / 1e3, timings.restored_from)
+
+
 def _translate(
-    events: Iterator[Any], *, energy: Callable[[], Energy | None] = lambda: None
+    events: Iterator[Any],
+    *,
+    energy: Callable[[], Energy | None] = lambda: None,
+    opened: str = "",
 ) -> Iterator[ReplyEvent]:
     """ChatSession's events as the app's events, with the live figures the status bar shows.
 
-    `energy` gives the reply's measured energy once the reply has ended (None: not measured).
+    `energy` gives the reply's measured energy once the reply has ended (None: not measured);
+    `opened` is what opening the chat did with its window (see `window_note`).
     """
     from localfab.chat.session import Continued, Reply, Shifted
 
@@ -278,6 +364,7 @@ def _translate(
                 draft_acceptance=(
                     event.timings.draft_acceptance if event.timings.draft_n else None
                 ),
+                prompt_note=_prompt_note(event.timings, opened),
             )
         elif isinstance(event, Shifted):
             yield WindowShifted(event.turns, event.tokens, event.reprocessed)
@@ -320,10 +407,19 @@ def model_loader(
         if cancel.is_set():
             loaded.close()
             raise LoadCancelled()
-        # Switching chats keeps the one left in RAM, and coming back restores it.
-        from localfab.engine.prompt_cache import PromptCache, default_limit
+        # Switching chats keeps the one left in RAM and on disk, and coming back (or reopening
+        # it after a restart) restores it.
+        from localfab.engine.prompt_cache import default_limit, open_prompt_cache
 
-        loaded.engine.use_prompt_cache(PromptCache(default_limit()))
+        engine = loaded.engine
+        engine.use_prompt_cache(
+            open_prompt_cache(
+                default_limit(),
+                key=engine.state_key(),
+                folder=paths.prompt_cache_dir if config.prompt_cache else None,
+                disk_limit=config.prompt_cache_disk << 20,
+            )
+        )
         progress(LoadProgress("ready", 1.0, f"loaded in {time.monotonic() - started:.1f} s"))
         info = ModelCard(
             name=name,

@@ -133,6 +133,24 @@ def test_piped_stdin_is_added_to_the_prompt(model_path: Path, lf_env):
     assert n_piped > n_args
 
 
+def test_a_second_question_about_a_piped_document_restores_it_from_the_disk_cache(
+    model_path: Path, lf_env
+):
+    document = "The harbour town of Kell has a lighthouse, a bakery and three boats. " * 50
+    base = ["run", str(model_path), "-c", "2048", "-n", "4", "--temperature", "0", "-v"]
+    first = lf([*base, "Who bakes?"], lf_env, stdin=document)
+    second = lf([*base, "How many boats?", "--json"], lf_env, stdin=document)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "prompt cache: kept" in first.stderr and "restored" not in first.stderr
+    timings = json.loads(second.stdout)["timings"]
+    cached = timings["cache_n"]
+    # All of the document came back; only the question (and the turn's end) was processed.
+    assert cached > 600 and timings["prompt_n"] < 20
+    assert f"{cached:,} prompt tokens restored from disk" in second.stderr
+    off = lf([*base, "Who bakes?", "--no-prompt-cache", "--json"], lf_env, stdin=document)
+    assert json.loads(off.stdout)["timings"]["cache_n"] == 0
+
+
 def test_missing_file(lf_env, tmp_path):
     assert_one_clean_error(lf(["run", str(tmp_path / "nope.gguf"), "hi"], lf_env), 3, "nope.gguf")
 

@@ -16,8 +16,8 @@ def test_a_prompt_gets_back_the_state_holding_its_longest_beginning():
     cache = PromptCache(limit=None)
     cache.put(A, state(10))
     cache.put(B, state(10))
-    entry = cache.take(A + [1, 2, 3], have=0)  # chat A's next turn
-    assert entry is not None and list(entry.tokens) == A
+    found = cache.take(A + [1, 2, 3], have=0)  # chat A's next turn
+    assert found is not None and list(found[0].tokens) == A and found[1] == "ram"
     assert [list(e.tokens) for e in cache.entries] == [B]  # the slot holds A's now
     assert cache.take(A + [1, 2, 3], have=0) is None
 

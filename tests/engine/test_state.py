@@ -100,3 +100,48 @@ def test_a_slot_keeps_its_prompt_for_another_and_gets_it_back(model_path: Path):
         assert cache.stats.hits == 1 and cache.stats.tokens_restored == len(chat_a)
         assert [e.tokens[0] for e in cache.entries] == [chat_b[0]]
         assert reply(engine, chat_a) == first
+
+
+DISK_LOADS = ["default", "sliding window", "q8_0 cache"]
+
+
+@pytest.mark.parametrize("load", DISK_LOADS)
+def test_a_state_from_disk_after_a_restart_gives_the_reply_of_the_live_one(
+    model_path: Path, tmp_path: Path, load: str
+) -> None:
+    from localfab.engine.disk_cache import DiskCache
+
+    def opened() -> Engine:
+        engine = Engine(model_path, LOADS[load])
+        engine.use_prompt_cache(PromptCache(0, disk=DiskCache(tmp_path, engine.state_key())))
+        return engine
+
+    with opened() as engine:
+        prompt = engine.tokenize(TEXT)
+        turn = prompt + engine.tokenize(" What did the keeper do?", add_special=False)
+        engine.evaluate(prompt)
+        assert engine.persist_prompt() > 0
+        assert engine.persist_prompt() == 0  # the file holds it already
+        live = engine.generate(turn, GREEDY)
+    with opened() as engine:  # a new process's engine: only the file remains
+        restored = engine.generate(turn, GREEDY)
+    assert restored.timings.restored_from == "disk"
+    assert restored.timings.restored_n == restored.timings.cache_n == len(prompt)
+    assert restored.tokens == live.tokens
+
+
+def test_a_state_file_of_another_load_is_not_used(model_path: Path, tmp_path: Path) -> None:
+    from localfab.engine.disk_cache import DiskCache
+
+    with Engine(model_path, LOADS["default"]) as engine:
+        engine.use_prompt_cache(PromptCache(0, disk=DiskCache(tmp_path, engine.state_key())))
+        prompt = engine.tokenize(TEXT)
+        engine.evaluate(prompt)
+        engine.persist_prompt()
+    with Engine(model_path, LOADS["q8_0 cache"]) as other:
+        notes: list[str] = []
+        disk = DiskCache(tmp_path, other.state_key(), note=notes.append)
+        assert disk.key_id != DiskCache(tmp_path, engine.state_key()).key_id
+        other.use_prompt_cache(PromptCache(0, disk=disk))
+        done = other.generate(prompt, GREEDY)
+        assert done.timings.restored_n == 0 and notes == []

@@ -102,3 +102,47 @@ async def test_speculation_from_config_reaches_the_app_and_its_status_bar(model_
     finally:
         backend.close()
     history.close()
+
+
+def test_a_chat_reopened_after_a_restart_is_restored_from_the_disk_cache(model_path, tmp_path):
+    import threading
+
+    from localfab.tui.backend import ReplyFinished
+
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
+    story = "The lighthouse keeper climbed the spiral stairs to light the lamp again. " * 80
+
+    def started(config: Config) -> LocalBackend:
+        backend = LocalBackend(
+            model_loader(str(model_path), paths, config, ctx_size=2048),
+            History(paths.sessions_db),
+            model_path.name,
+            ChatOptions(max_tokens=8, max_continues=0, sampling=SamplingParams.greedy()),
+        )
+        backend.load(progress=lambda _: None, cancel=threading.Event())
+        return backend
+
+    def finished(backend: LocalBackend, text: str) -> ReplyFinished:
+        events = list(backend.send(text, cancel=threading.Event()))
+        return [e for e in events if isinstance(e, ReplyFinished)][-1]
+
+    first = started(Config())
+    first.open_session(session_id=None, system=None)
+    assert "tokens processed in" in finished(first, story).prompt_note  # a long first prompt
+    session = first.session_id
+    first.close()  # the app quits: the chat's state goes to the cache folder
+    assert list(paths.prompt_cache_dir.glob("*.lfkv"))
+
+    again = started(Config())  # a new app on the same model
+    again.open_session(session_id=session, system=None)
+    used, _ = again.context_usage()
+    assert used > 1000  # the gauge is right as soon as the chat is open
+    note = finished(again, "What did the keeper do?").prompt_note
+    again.close()
+    assert "tokens restored from cache in" in note
+    assert int(note.split()[0].replace(",", "")) >= used - 10
+
+    off = started(Config(prompt_cache=False))  # the disk tier turned off in config.toml
+    off.open_session(session_id=session, system=None)
+    assert "tokens processed in" in finished(off, "And then?").prompt_note
+    off.close()

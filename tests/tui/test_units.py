@@ -5,7 +5,8 @@ from __future__ import annotations
 from localfab.tui.backend import ReplyFinished, StoredTurn
 from localfab.tui.screens.chat import merge_continued, reply_footer
 from localfab.tui.widgets.messages import shift_text
-from localfab.tui.widgets.status import compact, duration, gauge
+from localfab.tui.widgets.status import compact, gauge
+from localfab.units import format_ms as duration
 
 
 def test_a_continued_reply_stored_twice_is_shown_once():

@@ -15,7 +15,7 @@ from localfab.tui.backend import (
     StoredTurn,
 )
 from localfab.tui.widgets.messages import MessageView
-from localfab.tui.widgets.status import duration
+from localfab.units import format_ms as duration
 
 if TYPE_CHECKING:
     from localfab.chat.history import History
@@ -80,6 +80,8 @@ def reply_footer(done: ReplyFinished) -> tuple[str, str]:
     )
     if done.continues:
         stats += f" · continued {done.continues}×"
+    if done.prompt_note:
+        stats += f" · {done.prompt_note}"
     if done.finish_reason == "length":
         return f"{stats} · ✂ cut at the token limit: ctrl+r continues", "cut"
     if done.finish_reason == "cancelled":

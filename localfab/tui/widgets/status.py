@@ -7,6 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, Sparkline
 
+from localfab.units import format_ms as duration
+
 GAUGE_CELLS = 10
 
 
@@ -27,11 +29,6 @@ def gauge(used: int, total: int, cells: int = GAUGE_CELLS) -> str:
     if used > 0 and filled == 0:
         filled = 1
     return "▰" * filled + "▱" * (cells - filled)
-
-
-def duration(ms: float) -> str:
-    """420 ms, 5.9 s."""
-    return f"{ms:,.0f} ms" if ms < 1000 else f"{ms / 1000:,.1f} s"
 
 
 NARROW = 96  # below this width the gauge and the sparkline shrink
