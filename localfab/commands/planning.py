@@ -110,6 +110,7 @@ def render_plan(plan: Plan, machine: Machine) -> str:
         ("batch / ubatch", f"{plan.n_batch} / {plan.n_ubatch}"),
         ("threads", str(plan.threads)),
         ("decode speed", f"≈ {plan.predicted_tok_s:.1f} tok/s (predicted)"),
+        ("prompt cache", f"up to {format_bytes(plan.prompt_cache)} of RAM (see Why)"),
         ("fits", "yes" if plan.fits else "NO"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -280,7 +280,9 @@ def _ledger(options: dict[str, Any], config: Config) -> Any:
     return LedgerWriter(Ledger(ledger_path(default_paths().data_dir)))
 
 
-def _settings(name: str, options: dict[str, Any], config: Config) -> ServerSettings:
+def _settings(
+    name: str, options: dict[str, Any], config: Config, cache_budget: int | None = None
+) -> ServerSettings:
     """The server's settings from the command line and the configured sampling defaults."""
     from localfab.server import ServerSettings
 
@@ -294,7 +296,7 @@ def _settings(name: str, options: dict[str, Any], config: Config) -> ServerSetti
         n_predict=options["n_predict"],
         seed=options["seed"],
         context_shift=options["context_shift"],
-        cache_ram=cache_ram_limit(options["cache_ram"]),
+        cache_ram=cache_ram_limit(options["cache_ram"], cache_budget),
         slot_save_path=slot_folder(options["slot_save_path"]),
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],
@@ -313,15 +315,18 @@ def slot_folder(path: Path | None) -> Path | None:
     return path
 
 
-def cache_ram_limit(mib: int | None) -> int | None:
+def cache_ram_limit(mib: int | None, planned: int | None = None) -> int | None:
     """Bytes the prompt cache may hold for `--cache-ram MIB` (None: no limit); without the
-    flag, llama-server's 8 GiB or half the RAM free now, whichever is less."""
+    flag, what the plan counted for it (`planned`: half the RAM its load leaves free, at most
+    llama-server's 8 GiB), or without a plan that share of the RAM free now."""
     if mib is not None:
         if mib < -1:
             raise UsageError(
                 f"--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, not {mib}"
             )
         return None if mib == -1 else mib * MiB
+    if planned is not None:
+        return planned
     from localfab.engine.prompt_cache import default_limit
 
     return default_limit()
@@ -354,7 +359,7 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
     from localfab.server import create_app
     from localfab.server.runner import connection_cap, make_foreground_server
 
-    settings = _settings(name, options, config)
+    settings = _settings(name, options, config, choice.plan.prompt_cache)
     path = choice.path
     loader = _loader(choice, options, settings.n_parallel)
     max_connections = connection_cap(settings.max_connections)

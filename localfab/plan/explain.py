@@ -251,3 +251,19 @@ def costs(p: Plan, auto: Plan, wishes: Wishes) -> Iterator[str]:
         )
     if not p.fits and auto.fits:
         yield "Your choices do not fit this machine; the automatic plan does."
+
+
+def prompt_cache_reason(budget: int, kv_per_token: float) -> str:
+    """What the prompt cache may take of RAM, and what one chat's state costs in it."""
+    chat = format_bytes(4000 * kv_per_token)
+    if budget <= 0:
+        return (
+            "No RAM is left for a prompt cache: idle chats' KV states go only to the disk tier "
+            "(prompt_cache_disk)."
+        )
+    return (
+        f"Prompt cache: up to {format_bytes(budget)} of RAM (half of what this load leaves "
+        f"free, at most llama-server's 8 GiB; serve --cache-ram sets it) keeps idle chats' KV "
+        f"states, about {kv_per_token / 1024:,.0f} KiB per token: a 4,000-token chat takes "
+        f"{chat}. They also go to disk (prompt_cache_disk, 4 GiB by default)."
+    )

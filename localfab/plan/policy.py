@@ -12,7 +12,7 @@ policy's rungs for the first configuration that fits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from localfab.errors import UsageError
@@ -29,7 +29,7 @@ from localfab.plan.memory import (
     estimate,
     pad,
 )
-from localfab.plan.result import DEFAULT_TARGET_CTX, Plan, Wishes
+from localfab.plan.result import DEFAULT_TARGET_CTX, DeviceMemory, Plan, Wishes
 
 REBUILD = {
     "cuda": 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
@@ -318,6 +318,15 @@ def _closing_reasons(
     return reasons
 
 
+def prompt_cache_budget(memory: Sequence[DeviceMemory]) -> int:
+    """The RAM a prompt cache may hold once the load is in: half of what is left free, at
+    most llama-server's default (8 GiB)."""
+    from localfab.engine.prompt_cache import DEFAULT_LIMIT
+
+    cpu = next((m for m in memory if m.device == "CPU"), None)
+    return 0 if cpu is None else min(DEFAULT_LIMIT, max(0, cpu.free_left) // 2)
+
+
 def _plan(facts: ModelFacts, machine: Machine, wishes: Wishes) -> Plan:
     reasons: list[str] = []
     warnings: list[str] = []
@@ -336,6 +345,8 @@ def _plan(facts: ModelFacts, machine: Machine, wishes: Wishes) -> Plan:
         reasons[:0] = [summary] if summary else []
     threads = wishes.threads or max(1, machine.cpu.physical_cores)
     reasons += _closing_reasons(search, wishes, choice, final, threads)
+    cache = prompt_cache_budget(final.memory)
+    reasons.append(explain.prompt_cache_reason(cache, explain.kv_total(final) / max(n_ctx, 1)))
     if device.ngl_fixed is not None and not final.fits:
         warnings.append(
             f"-ngl {wishes.n_gpu_layers} will likely run out of memory: {final.shortfall}"
@@ -368,4 +379,5 @@ def _plan(facts: ModelFacts, machine: Machine, wishes: Wishes) -> Plan:
         warnings=tuple(warnings),
         rebuild=device.rebuild,
         assumptions=tuple(explain.bandwidth_assumptions(gpu, machine)),
+        prompt_cache=cache,
     )

@@ -92,6 +92,9 @@ class Plan:
     costs: tuple[str, ...] = ()  # what explicit overrides cost against the automatic plan
     rebuild: str | None = None
     assumptions: tuple[str, ...] = field(default=(), compare=False)
+    # RAM the prompt cache may hold (idle conversations' KV states): half of what the load
+    # leaves free, at most llama-server's 8 GiB (`prompt_cache_budget`).
+    prompt_cache: int = 0
 
     @property
     def repeating_layers_on_gpu(self) -> int:
@@ -171,6 +174,7 @@ class Plan:
             "costs": list(self.costs),
             "rebuild": self.rebuild,
             "assumptions": list(self.assumptions),
+            "prompt_cache_ram": self.prompt_cache,
             "settings": self.settings_kwargs(),
         }
 

@@ -409,12 +409,12 @@ def model_loader(
             raise LoadCancelled()
         # Switching chats keeps the one left in RAM and on disk, and coming back (or reopening
         # it after a restart) restores it.
-        from localfab.engine.prompt_cache import default_limit, open_prompt_cache
+        from localfab.engine.prompt_cache import open_prompt_cache
 
         engine = loaded.engine
         engine.use_prompt_cache(
             open_prompt_cache(
-                default_limit(),
+                chosen.prompt_cache,  # the plan's: half the RAM the load leaves free, <= 8 GiB
                 key=engine.state_key(),
                 folder=paths.prompt_cache_dir if config.prompt_cache else None,
                 disk_limit=config.prompt_cache_disk << 20,

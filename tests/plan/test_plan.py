@@ -453,3 +453,16 @@ def test_a_plan_that_fits_on_the_gpu_is_never_partial(
         assert p.all_on_gpu and not p.partial
     if p.partial:
         assert not whole.fits
+
+
+def test_the_prompt_cache_gets_half_the_ram_the_load_leaves_free_and_plan_says_so() -> None:
+    f = synthetic("Llama-3.1-8B-Instruct")
+    roomy = plan(f, gpu_machine(8 * GiB, ram_available=32 * GiB))
+    assert roomy.prompt_cache == 8 * GiB  # llama-server's --cache-ram default at most
+    tight = plan(f, gpu_machine(4 * GiB, ram_available=6 * GiB))  # layers spill into RAM
+    cpu_mem = tight.device_memory("CPU")
+    assert cpu_mem is not None and cpu_mem.weights > 0
+    assert tight.prompt_cache == max(0, cpu_mem.free_left) // 2 < 3 * GiB
+    why = [r for r in tight.reasons if r.startswith("Prompt cache:")]
+    assert len(why) == 1 and "KiB per token" in why[0] and "half of what this load" in why[0]
+    assert tight.to_dict()["prompt_cache_ram"] == tight.prompt_cache
