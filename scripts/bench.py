@@ -912,6 +912,12 @@ def main() -> None:
 
         bench_spec.main(sys.argv[2:])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "cache":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_cache
+
+        bench_cache.main(sys.argv[2:])
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "ledger":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import bench_ledger
@@ -925,6 +931,7 @@ def main() -> None:
     sub.add_parser("server", help="server TTFT/decode against llama-server (see bench_server.py)")
     sub.add_parser("ledger", help="decode with the usage ledger on vs off (see bench_ledger.py)")
     sub.add_parser("spec", help="speculative decoding vs llama-server's ngram modes")
+    sub.add_parser("cache", help="reopening a long chat after a restart (see bench_cache.py)")
     eng = sub.add_parser("engine", help="engine pp/tg against llama-bench")
     eng.add_argument("--model", required=True, help="a .gguf path or a registered name")
     eng.add_argument("--threads", type=int, default=os.cpu_count() or 1)
