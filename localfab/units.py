@@ -62,6 +62,10 @@ def format_duration(seconds: float | None) -> str:
     return f"{s}s"
 
 
+# llama-server's default --cache-ram (8 GiB): the most RAM a prompt cache takes by default.
+PROMPT_CACHE_RAM = 8 << 30
+
+
 def format_ms(ms: float) -> str:
     """A short time taken, as the app shows it: 420 ms, 5.9 s."""
     return f"{ms:,.0f} ms" if ms < 1000 else f"{ms / 1000:,.1f} s"

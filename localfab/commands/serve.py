@@ -99,6 +99,14 @@ def is_loopback(host: str) -> bool:
     help="MiB of RAM for the prompts of idle conversations, restored when they come back "
     "(-1: no limit, 0: off; default: 8192, or half the free RAM when that is less).",
 )
+@click.option(
+    "--cache-disk",
+    type=int,
+    default=0,
+    show_default=True,
+    help="MiB of the cache folder for the prompt cache's disk tier: states kept in RAM are also "
+    "written there, found again after a restart and shared with the chat app (0: off).",
+)
 @click.option("-n", "--n-predict", "--predict", type=int, default=-1, help="Max tokens per reply.")
 @click.option("--seed", type=int, default=-1, help="Default sampling seed (-1: random).")
 @click.option(
@@ -298,6 +306,7 @@ def _settings(
         context_shift=options["context_shift"],
         cache_ram=cache_ram_limit(options["cache_ram"], cache_budget),
         slot_save_path=slot_folder(options["slot_save_path"]),
+        cache_disk=cache_disk(options["cache_disk"]),
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],
         max_connections=options["max_connections"],
@@ -313,6 +322,17 @@ def slot_folder(path: Path | None) -> Path | None:
     if path is not None and not path.is_dir():
         raise UsageError(f"--slot-save-path {path} is not a folder: create it first")
     return path
+
+
+def cache_disk(mib: int) -> tuple[Path, int] | None:
+    """The disk tier's folder and bytes for `--cache-disk MIB`; None when off."""
+    if mib < 0:
+        raise UsageError(f"--cache-disk must be 0 (off) or a size in MiB, not {mib}")
+    if mib == 0:
+        return None
+    from localfab.config import default_paths
+
+    return default_paths().prompt_cache_dir, mib * MiB
 
 
 def cache_ram_limit(mib: int | None, planned: int | None = None) -> int | None:

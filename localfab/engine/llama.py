@@ -379,8 +379,12 @@ class Engine:
     def use_prompt_cache(self, cache: PromptCache | None) -> None:
         """Keep what the cache holds when a prompt of another conversation replaces most of
         it, and restore it when that conversation comes back (`evaluate`, `stream`); None:
-        off. The server's slots get theirs from its runner (`server.slots`)."""
+        off. A draft model's sequence gets a cache of its own beside it (set speculation
+        first). The server's slots get theirs from its runner (`server.slots`)."""
         self._kv.prompt_cache = cache
+        draft = self.draft_engine
+        if isinstance(draft, Engine):
+            draft.kv.prompt_cache = None if cache is None else cache.beside(draft.state_key())
 
     @property
     def prompt_cache(self) -> PromptCache | None:
@@ -390,6 +394,9 @@ class Engine:
         """Write what the cache holds to the prompt cache's disk tier, unless a file holds it
         already (a chat gone idle, the app quitting, `run` ending); the bytes written."""
         with self._lock:
+            draft = self.draft_engine
+            if draft is not None:
+                draft.kv.persist()
             return self._kv.persist()
 
     def state_key(self) -> StateKey:

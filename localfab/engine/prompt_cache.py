@@ -26,6 +26,7 @@ from localfab.engine.cached import (
     worth_taking,
 )
 from localfab.engine.disk_cache import DiskCache, Note, StateKey
+from localfab.units import PROMPT_CACHE_RAM
 
 __all__ = [
     "MIN_KEEP",
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 # llama-server's default --cache-ram (8 GiB); less where half the free RAM is less.
-DEFAULT_LIMIT = 8 << 30
+DEFAULT_LIMIT = PROMPT_CACHE_RAM
 
 
 def default_limit() -> int:
@@ -115,6 +116,14 @@ class PromptCache:
     @property
     def enabled(self) -> bool:
         return self.in_ram or self.disk is not None
+
+    def beside(self, key: StateKey) -> PromptCache:
+        """A cache for another model's states beside this one's (a draft model's): the same
+        limits, its own entries, its own files (`key`) in the same folder."""
+        disk = self.disk
+        if disk is not None:
+            disk = DiskCache(disk.folder, key, disk.limit, disk.note)
+        return PromptCache(self.limit, disk=disk)
 
     def worth_keeping(self, tokens: Sequence[int]) -> bool:
         """Whether a sequence holding `tokens` should be kept before it is overwritten: long

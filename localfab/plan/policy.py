@@ -30,6 +30,7 @@ from localfab.plan.memory import (
     pad,
 )
 from localfab.plan.result import DEFAULT_TARGET_CTX, DeviceMemory, Plan, Wishes
+from localfab.units import PROMPT_CACHE_RAM
 
 REBUILD = {
     "cuda": 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
@@ -321,10 +322,8 @@ def _closing_reasons(
 def prompt_cache_budget(memory: Sequence[DeviceMemory]) -> int:
     """The RAM a prompt cache may hold once the load is in: half of what is left free, at
     most llama-server's default (8 GiB)."""
-    from localfab.engine.prompt_cache import DEFAULT_LIMIT
-
     cpu = next((m for m in memory if m.device == "CPU"), None)
-    return 0 if cpu is None else min(DEFAULT_LIMIT, max(0, cpu.free_left) // 2)
+    return 0 if cpu is None else min(PROMPT_CACHE_RAM, max(0, cpu.free_left) // 2)
 
 
 def _plan(facts: ModelFacts, machine: Machine, wishes: Wishes) -> Plan:

@@ -158,6 +158,7 @@ def _worker(source: Any, settings: ServerSettings, ledger: LedgerWriter | None) 
         ledger=ledger,
         n_parallel=settings.n_parallel,
         cache_ram=settings.cache_ram,
+        cache_disk=settings.cache_disk,
     )
 
 

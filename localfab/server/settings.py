@@ -34,6 +34,8 @@ class ServerSettings:
     context_shift: bool = False  # --context-shift: drop old tokens instead of stopping when full
     # --cache-ram: bytes for idle prompts' KV states (None: no limit, 0: off)
     cache_ram: int | None = 0
+    # --cache-disk: the prompt cache's disk tier (folder, bytes); None: RAM only.
+    cache_disk: tuple[Path, int] | None = None
     slot_save_path: Path | None = None  # --slot-save-path: where /slots/{id}?action=save writes
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408

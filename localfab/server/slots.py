@@ -114,7 +114,19 @@ class SlotRunner:
                     act.measurement.__exit__(None, None, None)
                 act.job.emit(cancelled_result(len(act.job.tokens)))
                 self.worker.finished(act.job)
+            self._persist_slots()
             self.decoder.close()
+
+    def _persist_slots(self) -> None:
+        """At shutdown, with a disk tier (`--cache-disk`): each slot's prompt to the cache
+        folder, found again by the next start."""
+        if self.worker.prompt_cache.disk is None:
+            return
+        for slot in self.decoder.slots:
+            try:
+                slot.kv.persist()
+            except LocalfabError as exc:  # never stops the shutdown
+                log.warning("prompt cache: could not keep a slot's prompt (%s)", exc)
 
     def _take(self) -> bool:
         """Move queued items in: jobs to `waiting`, calls run now. Blocks only when nothing

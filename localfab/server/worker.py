@@ -16,8 +16,10 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localfab.engine.disk_cache import DiskCache
 from localfab.engine.prompt_cache import PromptCache
 from localfab.engine.types import ContextFull, Done
 from localfab.ledger.writer import LedgerWriter, TokenClock, record_generation
@@ -45,11 +47,13 @@ class EngineWorker:
         ledger: LedgerWriter | None = None,
         n_parallel: int = 1,
         cache_ram: int | None = 0,
+        cache_disk: tuple[Path, int] | None = None,
     ) -> None:
         self._source = source
         # Idle conversations' prompts, kept when a slot takes another and restored when they
         # come back (`--cache-ram` bytes; 0: off).
         self.prompt_cache = PromptCache(cache_ram)
+        self._cache_disk = cache_disk  # the disk tier's (folder, bytes), keyed once loaded
         self.context_shift = context_shift
         # Each reply's figures go to the usage ledger (`localfab stats`), with the energy it
         # took where the machine reports power; None: nothing is measured or recorded.
@@ -132,6 +136,9 @@ class EngineWorker:
             if self.on_ready is not None:
                 self.on_ready()
             return
+        if self._cache_disk is not None:
+            folder, limit = self._cache_disk
+            self.prompt_cache.disk = DiskCache(folder, self.model.engine.state_key(), limit)
         self.ready.set()
         if self.on_ready is not None:
             self.on_ready()

@@ -145,3 +145,38 @@ def test_a_state_file_of_another_load_is_not_used(model_path: Path, tmp_path: Pa
         other.use_prompt_cache(PromptCache(0, disk=disk))
         done = other.generate(prompt, GREEDY)
         assert done.timings.restored_n == 0 and notes == []
+
+
+def test_a_draft_models_sequence_is_kept_and_restored_beside_the_models(
+    model_path: Path, tmp_path: Path
+) -> None:
+    from localfab.engine.prompt_cache import open_prompt_cache
+    from localfab.engine.types import SpecSettings
+
+    settings = EngineSettings(n_ctx=1024, batch_invariant=True, type_k="q8_0", type_v="q8_0")
+    spec = SpecSettings(
+        spec_type="draft-simple", model_draft=str(model_path), draft_max=6, adaptive=False
+    )
+
+    def opened() -> Engine:
+        engine = Engine(model_path, settings)
+        engine.set_speculation(spec, engine.load_draft(model_path))
+        key = engine.state_key()
+        engine.use_prompt_cache(open_prompt_cache(0, key=key, folder=tmp_path, disk_limit=1 << 30))
+        return engine
+
+    with opened() as engine:
+        prompt = engine.tokenize(TEXT)
+        turn = prompt + engine.tokenize(" What did the keeper do?", add_special=False)
+        live = engine.generate(prompt, GREEDY)  # the model and its draft both hold the prompt
+        assert engine.persist_prompt() > 0
+        assert len(list(tmp_path.glob("*.lfkv"))) == 2  # the model's state and the draft's
+        after_live = engine.generate(turn, GREEDY)
+    with opened() as engine:
+        draft = engine.draft_engine
+        assert draft is not None and draft.kv.prompt_cache is not None
+        restored = engine.generate(turn, GREEDY)
+        assert restored.timings.restored_from == "disk"
+        # The draft got its own sequence back: it processed only the question, not the prompt.
+        assert draft.kv.prompt_cache.stats.disk_hits == 1
+    assert restored.tokens == after_live.tokens and live.tokens

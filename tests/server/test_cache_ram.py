@@ -20,12 +20,16 @@ CHAT_A = "The lighthouse keeper climbed the spiral stairs every evening to light
 CHAT_B = "Bread dough rises best in a warm kitchen, covered with a damp cloth. " * 6
 
 
-def serve(model_path: Path, cache_ram: int | None) -> Iterator[str]:
+def serve(
+    model_path: Path, cache_ram: int | None, cache_disk: tuple[Path, int] | None = None
+) -> Iterator[str]:
     from localfab.engine import EngineSettings
     from localfab.runtime import load_model
 
     loaded = load_model(model_path, EngineSettings(n_ctx=2048, n_batch=512))
-    settings = ServerSettings(n_parallel=1, metrics=True, cache_ram=cache_ram)
+    settings = ServerSettings(
+        n_parallel=1, metrics=True, cache_ram=cache_ram, cache_disk=cache_disk
+    )
     server = BackgroundServer(create_app(loaded, settings)).start()
     try:
         deadline = time.monotonic() + 60
@@ -93,3 +97,35 @@ def test_the_cache_ram_flag_says_bytes_with_llama_servers_meanings() -> None:
     assert default is not None and 0 < default <= DEFAULT_CACHE_RAM_MIB * MiB
     with pytest.raises(UsageError, match="--cache-ram"):
         cache_ram_limit(-2)
+
+
+def test_with_cache_disk_a_restarted_server_gets_a_chat_back_from_the_cache_folder(
+    model_path: Path, tmp_path: Path
+) -> None:
+    disk = (tmp_path / "prompts", 64 * MiB)
+    first = serve(model_path, cache_ram=0, cache_disk=disk)  # the disk tier alone
+    url = next(first)
+    a = complete(url, CHAT_A)
+    complete(url, CHAT_B)  # A's state leaves the slot: written to the folder
+    first.close()  # the server stops: the slot's prompt (B) is written too
+    assert len(list(disk[0].glob("*.lfkv"))) == 2
+    second = serve(model_path, cache_ram=0, cache_disk=disk)
+    url = next(second)
+    try:
+        again = complete(url, CHAT_A)
+        n_prompt = again["timings"]["cache_n"] + again["timings"]["prompt_n"]
+        assert again["timings"]["cache_n"] >= n_prompt - 1  # all but the last token restored
+        assert again["content"] == a["content"]
+        assert metric(url, "localfab:prompt_cache_hits_total") == 1
+    finally:
+        second.close()
+
+
+def test_cache_disk_is_off_unless_asked_and_refuses_a_negative_size() -> None:
+    from localfab.commands.serve import cache_disk
+
+    assert cache_disk(0) is None
+    folder, limit = cache_disk(100) or (None, 0)
+    assert folder is not None and folder.name == "prompts" and limit == 100 * MiB
+    with pytest.raises(UsageError, match="--cache-disk"):
+        cache_disk(-1)

@@ -132,9 +132,11 @@ class ModelDraft:
         self.kv: KVCache = engine.kv if kv is None else kv
         self.p_min = p_min
         self.tokens: list[int] = []
+        self._new_prompt = False
 
     def reset(self, tokens: Sequence[int]) -> None:
         self.tokens = list(tokens)
+        self._new_prompt = True
 
     def push(self, token: int) -> None:
         self.tokens.append(token)
@@ -146,6 +148,9 @@ class ModelDraft:
         kv, toks = self.kv, self.tokens
         if len(toks) > kv.n_ctx:
             del toks[: len(toks) - kv.n_ctx]
+        if self._new_prompt:  # once per reply: another conversation's state kept or restored
+            self._new_prompt = False
+            kv.swap_with_cache(toks)
         kv.align_to(toks)
         n = kv.reuse_prefix(toks)
         kv.decode(toks[n:], n, logits_last=True)
