@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 # A kept state is taken only when the new prompt keeps at least this share of it (llama-server
 # skips states whose f_keep is under 0.25: restoring them would throw most of them away).
@@ -22,6 +23,7 @@ class CachedPrompt:
 
     tokens: tuple[int, ...]
     state: bytearray
+    source: Path | None = None  # the disk tier's file it was read from
 
     @property
     def nbytes(self) -> int:

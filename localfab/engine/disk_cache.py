@@ -218,7 +218,7 @@ class DiskCache:
             with path.open("rb") as f:
                 return read_header(f, self.key_id)[1]
         except BadStateFile as exc:
-            self._discard(path, str(exc))
+            self.discard(path, str(exc))
         except OSError:
             pass  # removed meanwhile (another process evicted it)
         return None
@@ -248,14 +248,14 @@ class DiskCache:
             if digest.hexdigest() != header["sha256"]:
                 raise BadStateFile("checksum mismatch")
         except BadStateFile as exc:
-            self._discard(entry.path, str(exc))
+            self.discard(entry.path, str(exc))
             return None
         except OSError:
             return None
         _touch(entry.path)
-        return CachedPrompt(tokens, state)
+        return CachedPrompt(tokens, state, source=entry.path)
 
-    def _discard(self, path: Path, why: str) -> None:
+    def discard(self, path: Path, why: str) -> None:
         self.note(f"prompt cache: discarded {path.name} ({why})")
         self._index.pop(path.name, None)
         with suppress(OSError):

@@ -319,7 +319,7 @@ class KVCache:
             return None
         entry, tier = found
         if not self.restore_state(entry.state, entry.tokens):
-            cache.refused()
+            cache.refused(entry)
             return None
         n = self.common_prefix(tokens)
         cache.restored(n, tier)

@@ -193,9 +193,13 @@ class PromptCache:
             self.stats.tokens_restored += n_tokens
             self.stats.disk_hits += tier == "disk"
 
-    def refused(self) -> None:
+    def refused(self, entry: CachedPrompt) -> None:
+        """llama.cpp would not take `entry` (another layout than its key said): counted, and a
+        disk file of it deleted with a note, never tried again."""
         with self._lock:
             self.stats.failed += 1
+        if entry.source is not None and self.disk is not None:
+            self.disk.discard(entry.source, "llama.cpp refused the state: stale")
 
     # --- the disk tier --------------------------------------------------------------------------
 

@@ -101,6 +101,7 @@ class SlotView:
     n_prompt_tokens: int = 0
     n_prompt_tokens_processed: int = 0
     n_prompt_tokens_cache: int = 0
+    n_prompt_tokens_restored: int = 0  # of the cached ones, those the prompt cache gave back
     n_decoded: int = 0
     n_predict: int = -1
     has_new_line: bool = False

@@ -201,10 +201,11 @@ class SlotRunner:
 
     def _start(self, job: Job, slot: Slot, leader: Slot | None) -> None:
         kv = slot.kv
+        restored = None
         if not job.cache_prompt:
             kv.clear()
         elif leader is None:  # another chat's turn: keep this prompt, restore a kept one
-            kv.swap_with_cache(job.tokens)
+            restored = kv.swap_with_cache(job.tokens)
         if job.n_predict == 0:
             self._evaluate_only(job, slot)
             return
@@ -213,6 +214,7 @@ class SlotRunner:
             # Turns were left out: move the kept ones' KV cells rather than process them.
             kv.align_to(job.tokens)
         view = SlotView.for_job(job)
+        view.n_prompt_tokens_restored = 0 if restored is None else restored.n_tokens
         clock = TokenClock() if self.worker.ledger is not None else None
         run = JobRun(job, kv.cached, clock=clock)
         opts = replace(job.options, on_context_full=self.worker.shifter(job))

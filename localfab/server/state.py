@@ -82,6 +82,16 @@ class Server:
             "speculative": self.model.engine.speculation is not None,
             "is_processing": slot.processing,
         }
+        cache = self.worker.prompt_cache
+        if cache.enabled:  # shared by the slots: the same in each entry
+            st = cache.stats
+            data["prompt_cache"] = {
+                "hits": st.hits,
+                "tokens_restored": st.tokens_restored,
+                "disk_hits": st.disk_hits,
+                "prompts": len(cache.entries),
+                "bytes": cache.nbytes,
+            }
         if slot.id_task < 0:
             return data
         n_remain = -1 if slot.n_predict < 0 else max(slot.n_predict - slot.n_decoded, 0)
@@ -91,6 +101,7 @@ class Server:
                 "n_prompt_tokens": slot.n_prompt_tokens,
                 "n_prompt_tokens_processed": slot.n_prompt_tokens_processed,
                 "n_prompt_tokens_cache": slot.n_prompt_tokens_cache,
+                "n_prompt_tokens_restored": slot.n_prompt_tokens_restored,
                 "params": slot.params,
                 "next_token": [
                     {

@@ -97,6 +97,7 @@ class ReplyFinished:
     # How the prompt got into the cache when it took long or came from the prompt cache
     # ("7,912 tokens restored from cache in 0.3 s"); "" otherwise.
     prompt_note: str = ""
+    notes: tuple[str, ...] = ()  # one-line notes since the last reply (the prompt cache's)
 
 
 ReplyEvent = ReplyText | WindowShifted | ReplyContinued | ReplyFinished

@@ -26,15 +26,20 @@ from localfab.tui.backend import (
     StoredTurn,
     WindowShifted,
 )
+from localfab.tui.cache_notes import (
+    IDLE_PERSIST_S,
+    attach_prompt_cache,
+    drain,
+    prompt_note,
+    window_note,
+)
 from localfab.tui.engine_thread import EngineThread, on_engine, streamed_on_engine
-from localfab.units import format_ms
 
 if TYPE_CHECKING:
     from localfab.chat.history import History, StoredMessage
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession
     from localfab.config import Config, Paths
-    from localfab.engine.prompt_cache import Restored
     from localfab.engine.types import GenerationOptions, SamplingParams
     from localfab.ledger.writer import LedgerWriter, ReplyRecorder
     from localfab.machine.energy import Energy
@@ -54,6 +59,9 @@ class ChatModel:
     info: ModelCard
     close: Callable[[], None] = lambda: None
     plan: Any = None  # the planner's Plan it was loaded with (for the usage ledger)
+    # One-line notes of the prompt cache (a state file discarded, a full disk), shown with the
+    # next reply; the loader's cache appends, the backend empties it.
+    notes: list[str] = field(default_factory=list)
 
 
 Loader = Callable[[ProgressCallback, threading.Event], ChatModel]
@@ -222,12 +230,14 @@ class LocalBackend:
         """A reply's events for the app, measured and recorded in the usage ledger."""
         opened, self._opened = self._opened, ""
         self._activity += 1
+        notes = self._loaded.notes if self._loaded is not None else []
         recorder = self._recorder
-        if recorder is None:
-            yield from _translate(events, opened=opened)
-        else:
+        if recorder is not None:
             energy = lambda: recorder.energy  # noqa: E731
-            yield from _translate(recorder.wrap(events), energy=energy, opened=opened)
+            events = recorder.wrap(events)
+        else:
+            energy = lambda: None  # noqa: E731
+        yield from _translate(events, energy=energy, opened=opened, notes=notes)
         self._persist_when_idle()
 
     def _persist_when_idle(self) -> None:
@@ -300,48 +310,18 @@ def _turn(m: StoredMessage) -> StoredTurn:
     return StoredTurn(m.role, m.content, m.status, m.id, m.version, m.versions)
 
 
-# Seconds without a new reply after which the chat's KV state is written to disk.
-IDLE_PERSIST_S = 20.0
-# A reply's prompt this long (tokens) gets its processing time in the footer.
-NOTED_PROMPT = 1000
-
-
-def window_note(n_tokens: int, seconds: float, restored: Restored | None) -> str:
-    """What getting a chat's window into the cache took, for a reply's footer ("" when it was
-    short and processed)."""
-    if restored is not None and restored.n_tokens:
-        return f"{restored.n_tokens:,} tokens restored from cache in {format_ms(seconds * 1e3)}"
-    if n_tokens >= NOTED_PROMPT:
-        return f"{n_tokens:,} tokens processed in {format_ms(seconds * 1e3)}"
-    return ""
-
-
-def _prompt_note(timings: Any, opened: str) -> str:
-    """A reply's footer note on its prompt: restored from the prompt cache, long and processed,
-    or what opening the chat did (`opened`)."""
-    if timings.restored_n:
-        return window_note(0, timings.prompt_ms / 1e3, _as_restored(timings))
-    if timings.prompt_n >= NOTED_PROMPT:
-        return window_note(timings.prompt_n, timings.prompt_ms / 1e3, None)
-    return opened
-
-
-def _as_restored(timings: Any) -> Restored:
-    from localfab.engine.prompt_cache import Restored
-
-    return Restored(timings.restored_n, timings.restore_ms / 1e3, timings.restored_from)
-
-
 def _translate(
     events: Iterator[Any],
     *,
     energy: Callable[[], Energy | None] = lambda: None,
     opened: str = "",
+    notes: list[str] | None = None,
 ) -> Iterator[ReplyEvent]:
     """ChatSession's events as the app's events, with the live figures the status bar shows.
 
     `energy` gives the reply's measured energy once the reply has ended (None: not measured);
-    `opened` is what opening the chat did with its window (see `window_note`).
+    `opened` is what opening the chat did with its window (see `window_note`); `notes` are
+    emptied into the reply's end.
     """
     from localfab.chat.session import Continued, Reply, Shifted
 
@@ -364,7 +344,8 @@ def _translate(
                 draft_acceptance=(
                     event.timings.draft_acceptance if event.timings.draft_n else None
                 ),
-                prompt_note=_prompt_note(event.timings, opened),
+                prompt_note=prompt_note(event.timings, opened),
+                notes=drain(notes),
             )
         elif isinstance(event, Shifted):
             yield WindowShifted(event.turns, event.tokens, event.reprocessed)
@@ -407,19 +388,7 @@ def model_loader(
         if cancel.is_set():
             loaded.close()
             raise LoadCancelled()
-        # Switching chats keeps the one left in RAM and on disk, and coming back (or reopening
-        # it after a restart) restores it.
-        from localfab.engine.prompt_cache import open_prompt_cache
-
-        engine = loaded.engine
-        engine.use_prompt_cache(
-            open_prompt_cache(
-                chosen.prompt_cache,  # the plan's: half the RAM the load leaves free, <= 8 GiB
-                key=engine.state_key(),
-                folder=paths.prompt_cache_dir if config.prompt_cache else None,
-                disk_limit=config.prompt_cache_disk << 20,
-            )
-        )
+        notes = attach_prompt_cache(loaded.engine, chosen, paths, config)
         progress(LoadProgress("ready", 1.0, f"loaded in {time.monotonic() - started:.1f} s"))
         info = ModelCard(
             name=name,
@@ -431,7 +400,9 @@ def model_loader(
             notices=tuple(loaded.notices),
             threads=loaded.engine.n_threads,
         )
-        return ChatModel(loaded.engine, loaded.prompts, info, loaded.close, plan=chosen)
+        return ChatModel(
+            loaded.engine, loaded.prompts, info, loaded.close, plan=chosen, notes=notes
+        )
 
     return load
 

@@ -180,3 +180,24 @@ def test_a_draft_models_sequence_is_kept_and_restored_beside_the_models(
         # The draft got its own sequence back: it processed only the question, not the prompt.
         assert draft.kv.prompt_cache.stats.disk_hits == 1
     assert restored.tokens == after_live.tokens and live.tokens
+
+
+def test_a_stale_state_file_that_llama_cpp_refuses_is_discarded_with_a_note(
+    model_path: Path, tmp_path: Path
+) -> None:
+    from localfab.engine.disk_cache import DiskCache
+
+    with Engine(model_path, LOADS["default"]) as one:
+        prompt = one.tokenize(TEXT)
+        one.evaluate(prompt)
+        saved, held = one.kv.save_state(), list(one.kv.cached)
+    with Engine(model_path, LOADS["q8_0 cache"]) as other:
+        notes: list[str] = []
+        disk = DiskCache(tmp_path, other.state_key(), note=notes.append)
+        disk.store(held, saved)  # an f16 state under the q8_0 load's key: stale
+        other.use_prompt_cache(PromptCache(0, disk=disk))
+        done = other.generate(prompt, GREEDY)
+        assert done.timings.restored_n == 0 and done.timings.cache_n == 0
+        assert len(notes) == 1 and "refused" in notes[0]
+        assert list(tmp_path.glob("*.lfkv")) == []
+        assert other.prompt_cache is not None and other.prompt_cache.stats.failed == 1

@@ -74,6 +74,9 @@ def test_two_chats_taking_turns_get_their_prompts_back(cached: str, uncached: st
     assert a2["timings"]["cache_n"] >= a1["tokens_evaluated"] - 1  # only the question ran
     assert metric(cached, "localfab:prompt_cache_hits_total") == hits + 1
     assert metric(cached, "localfab:prompt_cache_bytes") > 0
+    (slot,) = httpx.get(cached + "/slots").json()
+    assert slot["n_prompt_tokens_restored"] == a2["timings"]["cache_n"]  # this request's
+    assert slot["prompt_cache"]["hits"] == hits + 1 and slot["prompt_cache"]["bytes"] > 0
     # The same turns without the cache: the whole of A is processed again.
     complete(uncached, CHAT_A)
     complete(uncached, CHAT_B)

@@ -1,14 +1,11 @@
 """The chat screen: the conversation, the prompt box, the sessions panel and the status bar.
 
 Slow work runs off the UI thread: loading the model and opening a session (which rebuilds the KV
-cache) in thread workers, a reply on the backend's engine thread, whose events go straight into
-an inbox that a frame timer drains, so the UI gets one batch of text per frame however fast
-tokens come, and the Markdown widget appends each batch (it re-parses only the last block,
-never the whole reply).
-
-The screen is in parts: saved-chat actions (`chat_sessions.SessionActions`), message versions
-(`chat_versions.VersionActions`: regenerate, edit, switch) and the pieces that need no screen
-(`chat_parts`).
+cache) in thread workers, a reply on the backend's engine thread, whose events go into an inbox
+that a frame timer drains (one batch of text per frame; the Markdown widget appends each batch,
+re-parsing only its last block). The screen's parts: saved-chat actions
+(`chat_sessions.SessionActions`), message versions (`chat_versions.VersionActions`: regenerate,
+edit, switch) and the pieces that need no screen (`chat_parts`).
 """
 
 from __future__ import annotations
@@ -321,18 +318,7 @@ class ChatScreen(SessionActions, VersionActions):
             if view is not None:
                 view.set_footer(f"continuing ({item.count}/{item.limit})…")
         elif isinstance(item, ReplyFinished):
-            self.stream.ended = True
-            self.last_finish = item.finish_reason
-            if view is not None:
-                await view.end_stream()
-                view.status = item.finish_reason
-                text, kind = reply_footer(item)
-                view.set_footer(text, kind=kind)
-            status = self.query_one(StatusBar)
-            status.show_speed(item.ttft_ms, item.tokens_per_second, item.draft_acceptance)
-            status.show_energy(item.joules_per_token)
-            if item.tokens_per_second > 0:
-                status.add_speed_sample(item.tokens_per_second)
+            await self._finished(item, view)
         elif isinstance(item, ReplyFailed):
             self.last_finish = "failed"
             if view is not None:
@@ -348,6 +334,20 @@ class ChatScreen(SessionActions, VersionActions):
             self._show_context()
             self.refresh_sessions()
             self.call_after_refresh(self._gc.end)  # after the reply's last frame is painted
+
+    async def _finished(self, item: ReplyFinished, view: MessageView | None) -> None:
+        self.stream.ended = True
+        self.last_finish = item.finish_reason
+        if view is not None:
+            await view.end_stream()
+            view.status = item.finish_reason
+            text, kind = reply_footer(item)
+            view.set_footer(text, kind=kind)
+        self.query_one(StatusBar).show_reply(
+            item.ttft_ms, item.tokens_per_second, item.draft_acceptance, item.joules_per_token
+        )
+        for note in item.notes:  # the prompt cache's (a state file discarded, a full disk)
+            self.notify(note, title="Note", timeout=8)
 
     def _show_context(self) -> None:
         if self.backend is not None and self.loaded:

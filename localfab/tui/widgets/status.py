@@ -89,6 +89,19 @@ class StatusBar(Horizontal):
         text = "— J/tok" if joules_per_token is None else f"{joules_per_token:.3g} J/tok"
         self._put("status-energy", text)
 
+    def show_reply(
+        self,
+        ttft_ms: float,
+        tok_s: float,
+        draft_acceptance: float | None,
+        joules_per_token: float | None,
+    ) -> None:
+        """A finished reply's figures: speed, energy and a sparkline sample."""
+        self.show_speed(ttft_ms, tok_s, draft_acceptance)
+        self.show_energy(joules_per_token)
+        if tok_s > 0:
+            self.add_speed_sample(tok_s)
+
     def add_speed_sample(self, tok_s: float) -> None:
         spark = self.query_one("#status-spark", Sparkline)
         spark.data = [*(spark.data or []), tok_s][-24:]
