@@ -325,11 +325,12 @@ class KVCache:
         cache.restored(n, tier)
         return Restored(n, time.perf_counter() - t0, tier)
 
-    def persist(self) -> int:
+    def persist(self, slack: int = 0) -> int:
         """Write what the sequence holds to the prompt cache's disk tier unless a file holds it
-        already (a chat going idle, the app quitting, `run` ending); the bytes written."""
+        already, all but its last `slack` tokens at least (a chat going idle, the app
+        quitting, `run` ending); the bytes written."""
         cache = self.prompt_cache
-        if cache is None or cache.on_disk(self.cached):
+        if cache is None or cache.on_disk(self.cached, slack):
             return 0
         return cache.store(self.cached, self.save_state())
 

@@ -390,14 +390,15 @@ class Engine:
     def prompt_cache(self) -> PromptCache | None:
         return self._kv.prompt_cache
 
-    def persist_prompt(self) -> int:
+    def persist_prompt(self, slack: int = 0) -> int:
         """Write what the cache holds to the prompt cache's disk tier, unless a file holds it
-        already (a chat gone idle, the app quitting, `run` ending); the bytes written."""
+        already, all but its last `slack` tokens at least (a chat gone idle, the app quitting,
+        `run` ending); the bytes written."""
         with self._lock:
             draft = self.draft_engine
             if draft is not None:
-                draft.kv.persist()
-            return self._kv.persist()
+                draft.kv.persist(slack)
+            return self._kv.persist(slack)
 
     def state_key(self) -> StateKey:
         """What a saved KV state of this engine depends on (the disk tier's key)."""

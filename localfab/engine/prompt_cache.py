@@ -203,11 +203,12 @@ class PromptCache:
 
     # --- the disk tier --------------------------------------------------------------------------
 
-    def on_disk(self, tokens: Sequence[int]) -> bool:
-        """Whether the disk tier holds `tokens` already (True without a disk tier: nothing to
-        write)."""
+    def on_disk(self, tokens: Sequence[int], slack: int = 0) -> bool:
+        """Whether the disk tier holds `tokens` already, all but their last `slack` at least
+        (True without a disk tier: nothing to write)."""
         self.flush()
-        return self.disk is None or len(tokens) < MIN_TOKENS or self.disk.covered(tokens)
+        n = max(0, len(tokens) - slack)
+        return self.disk is None or n < MIN_TOKENS or self.disk.covered(tokens[:n])
 
     def store(self, tokens: Sequence[int], state: bytearray) -> int:
         """Write `state` to the disk tier now (an app quitting, `run` ending); the bytes

@@ -143,4 +143,8 @@ def cache_series(cache: PromptCache) -> list[tuple[str, str, str, float]]:
          "counter", s.evicted),
         ("prompt_cache_bytes", "Bytes of kept prompt states", "gauge", cache.nbytes),
         ("prompt_cache_prompts", "Prompt states kept", "gauge", len(cache.entries)),
+        ("prompt_cache_disk_hits_total", "Of the hits, states read from --cache-disk's folder",
+         "counter", s.disk_hits),
+        ("prompt_cache_disk_written_total", "State files written to --cache-disk's folder",
+         "counter", s.disk_written),
     ]  # fmt: skip

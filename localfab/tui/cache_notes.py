@@ -33,8 +33,11 @@ def attach_prompt_cache(engine: Any, plan: Plan, paths: Paths, config: Config) -
     return notes
 
 
-# Seconds without a new reply after which the chat's KV state is written to disk.
+# Seconds without a new reply after which the chat's KV state is written to disk, when it
+# holds more than IDLE_SLACK tokens that its last file does not (a state is written whole: a
+# file per short turn of an 8B model's long chat would be a gigabyte each).
 IDLE_PERSIST_S = 20.0
+IDLE_SLACK = 256
 # A reply's prompt this long (tokens) gets its processing time in the footer.
 NOTED_PROMPT = 1000
 

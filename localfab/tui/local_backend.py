@@ -28,6 +28,7 @@ from localfab.tui.backend import (
 )
 from localfab.tui.cache_notes import (
     IDLE_PERSIST_S,
+    IDLE_SLACK,
     attach_prompt_cache,
     drain,
     prompt_note,
@@ -261,7 +262,9 @@ class LocalBackend:
         persist = getattr(loaded.engine, "persist_prompt", None)
         if persist is not None:
             try:
-                persist()
+                # Gone idle: only when the chat grew by more than IDLE_SLACK tokens since its
+                # last file (each write is the whole state); quitting writes it exactly.
+                persist(0 if mark is None else IDLE_SLACK)
             except LocalfabError as exc:  # never breaks the app: the next open processes it
                 log.warning("prompt cache: could not keep the chat's state (%s)", exc)
 

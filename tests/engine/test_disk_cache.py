@@ -167,3 +167,12 @@ def test_two_processes_sharing_the_folder_never_read_a_half_written_file(tmp_pat
     assert writer.returncode == 0 and out == ""
     assert notes == [] and loads > 0
     assert all(n.endswith(SUFFIX) for n in files(tmp_path))
+
+
+def test_with_slack_a_file_missing_only_the_last_tokens_counts_as_written(tmp_path):
+    # A chat gone idle is written again only once it grew by more than the slack.
+    cache = PromptCache(limit=0, disk=DiskCache(tmp_path, KEY))
+    assert cache.store(A, bytearray(10)) > 0
+    longer = A + list(range(5000, 5100))  # 100 tokens more
+    assert not cache.on_disk(longer)
+    assert cache.on_disk(longer, slack=100) and not cache.on_disk(longer, slack=99)

@@ -120,6 +120,7 @@ def test_with_cache_disk_a_restarted_server_gets_a_chat_back_from_the_cache_fold
         assert again["timings"]["cache_n"] >= n_prompt - 1  # all but the last token restored
         assert again["content"] == a["content"]
         assert metric(url, "localfab:prompt_cache_hits_total") == 1
+        assert metric(url, "localfab:prompt_cache_disk_hits_total") == 1
     finally:
         second.close()
 
