@@ -963,12 +963,18 @@ def main() -> None:
     tui.add_argument("--json", action="store_true")
     args = parser.parse_args()
     commands = {"engine": cmd_engine, "chat": cmd_chat, "tui": cmd_tui}
-    report = commands[args.part](args)
-    if args.json:
+    print_report(commands[args.part](args), as_json=args.json)
+
+
+def print_report(report: dict[str, Any], *, as_json: bool, width: int = 24) -> None:
+    """A benchmark's figures as JSON, or one `name value` line each."""
+    if as_json:
         print(json.dumps(report, indent=2))
-    else:
-        for key, value in report.items():
-            print(f"{key:24} {value:.3f}" if isinstance(value, float) else f"{key:24} {value}")
+        return
+    for key, value in report.items():
+        print(
+            f"{key:{width}} {value:.3f}" if isinstance(value, float) else f"{key:{width}} {value}"
+        )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,10 @@ VOCABULARY = (
 WORDS = VOCABULARY.split(" ")
 
 
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
 def _model(name: str | None) -> Path:
-    sys.path.insert(0, str(ROOT / "scripts"))
     from bench_ledger import _model as model_of
 
     return model_of(name)
@@ -192,11 +194,9 @@ def main(argv: list[str] | None = None) -> None:
         report |= reopen(model, n, args.runs, args.threads)
         cost = write_cost(model, n, args.threads)
         report |= {f"state_{n}_{k}": v for k, v in cost.items()}
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for key, value in report.items():
-            print(f"{key:34} {value:.3f}" if isinstance(value, float) else f"{key:34} {value}")
+    from bench import print_report
+
+    print_report(report, as_json=args.json, width=34)
 
 
 if __name__ == "__main__":
