@@ -146,7 +146,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "%", "+"})
 
     def __init__(self, *, max_steps: int, max_chars: int, seconds: float) -> None:
-        super().__init__(trim_blocks=True, lstrip_blocks=True)
+        # `{% break %}` and `{% continue %}`: llama.cpp's template engine takes them, and real
+        # templates use them (Command R7B's).
+        super().__init__(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         self.max_steps = max_steps
         self.max_chars = max_chars
         self.seconds = seconds
@@ -363,8 +367,13 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         continue_final: bool = False,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The conversation as the model's prompt text.
+
+        `variables` are the template's own (llama-server's `chat_template_kwargs`);
+        `enable_thinking` is true unless they say otherwise, as in llama.cpp, so that a thinking
+        model's template does not close its block before the reply.
 
         With `continue_final`, the last message is an assistant reply to be continued: the text
         ends exactly where that reply's text ends (no end-of-turn marker), so generation picks up
@@ -376,14 +385,20 @@ class ChatTemplate:
                 raise UsageError("only an assistant message at the end can be continued")
             final = msgs[-1].get("content") or ""
             msgs[-1]["content"] = _CONTINUE_MARK
-            text = self._render(msgs, add_generation_prompt=False)
+            text = self._render(msgs, add_generation_prompt=False, variables=variables)
             cut = text.rfind(_CONTINUE_MARK)
             if cut < 0:
                 raise UsageError("the chat template dropped the reply to continue")
             return text[:cut] + final
-        return self._render(msgs, add_generation_prompt=add_generation_prompt)
+        return self._render(msgs, add_generation_prompt=add_generation_prompt, variables=variables)
 
-    def _render(self, msgs: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
+    def _render(
+        self,
+        msgs: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         size = len(self.source) + sum(len(str(m.get("content") or "")) for m in msgs)
         env = _Sandbox(
             max_steps=STEPS_BASE + STEPS_PER_MESSAGE * len(msgs),
@@ -395,6 +410,8 @@ class ChatTemplate:
             template = env.template_class.from_code(env, code, env.make_globals(None))
             context = template.new_context(
                 {
+                    "enable_thinking": True,
+                    **(variables or {}),
                     "messages": msgs,
                     "add_generation_prompt": add_generation_prompt,
                     "bos_token": self.bos_token,
