@@ -66,11 +66,17 @@ class PromptBuilder:
         *,
         continue_final: bool = False,
         add_generation_prompt: bool | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
+        """The conversation as the template renders it (`variables`: its own, such as
+        enable_thinking)."""
         if add_generation_prompt is None:
             add_generation_prompt = not continue_final
         return self.template.render(
-            messages, add_generation_prompt=add_generation_prompt, continue_final=continue_final
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final=continue_final,
+            variables=variables,
         )
 
     def tokens(
@@ -80,6 +86,7 @@ class PromptBuilder:
         continue_final: bool = False,
         add_generation_prompt: bool | None = None,
         pinned: Mapping[int, Sequence[int]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Prompt tokens of `messages`: the template's text with its control tokens, each
         message's content as plain text.
@@ -90,10 +97,17 @@ class PromptBuilder:
         so the prompt matches the KV cache token for token and the next turn reuses the whole
         conversation.
         """
-        agp = add_generation_prompt
-        text = self.text(messages, continue_final=continue_final, add_generation_prompt=agp)
-        marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
-        skeleton = self.text(marked, continue_final=continue_final, add_generation_prompt=agp)
+
+        def render(msgs: Sequence[Mapping[str, Any]]) -> str:
+            return self.text(
+                msgs,
+                continue_final=continue_final,
+                add_generation_prompt=add_generation_prompt,
+                variables=variables,
+            )
+
+        text = render(messages)
+        skeleton = render([{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)])
         layout = self._layout(messages, skeleton, text)
         tokens = None if layout is None else self._assemble(messages, *layout, pinned or {})
         if tokens is None:

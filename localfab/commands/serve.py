@@ -107,6 +107,27 @@ def is_loopback(host: str) -> bool:
     help="MiB of the cache folder for the prompt cache's disk tier: states kept in RAM are also "
     "written there, found again after a restart and shared with the chat app (0: off).",
 )
+@click.option(
+    "--reasoning-format",
+    type=click.Choice(["none", "deepseek", "deepseek-legacy", "auto"]),
+    default="auto",
+    show_default=True,
+    help="Where a thinking model's reasoning goes: reasoning_content (auto, deepseek; "
+    "deepseek-legacy streams it inline) or left in content (none).",
+)
+@click.option(
+    "-rea",
+    "--reasoning",
+    type=click.Choice(["on", "off", "auto"]),
+    default="auto",
+    show_default=True,
+    help="Thinking on or off through the template's enable_thinking (auto: the template's).",
+)
+@click.option(
+    "--chat-template-kwargs",
+    default=None,
+    help="The chat template's variables as a JSON object, e.g. '{\"enable_thinking\": false}'.",
+)
 @click.option("-n", "--n-predict", "--predict", type=int, default=-1, help="Max tokens per reply.")
 @click.option("--seed", type=int, default=-1, help="Default sampling seed (-1: random).")
 @click.option(
@@ -307,6 +328,9 @@ def _settings(
         cache_ram=cache_ram_limit(options["cache_ram"], cache_budget),
         slot_save_path=slot_folder(options["slot_save_path"]),
         cache_disk=cache_disk(options["cache_disk"]),
+        reasoning_format=options["reasoning_format"],
+        reasoning=options["reasoning"],
+        chat_template_kwargs=template_kwargs(options["chat_template_kwargs"]),
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],
         max_connections=options["max_connections"],
@@ -322,6 +346,23 @@ def slot_folder(path: Path | None) -> Path | None:
     if path is not None and not path.is_dir():
         raise UsageError(f"--slot-save-path {path} is not a folder: create it first")
     return path
+
+
+def template_kwargs(text: str | None) -> tuple[tuple[str, Any], ...]:
+    """--chat-template-kwargs: a JSON object of the template's variables."""
+    if not text:
+        return ()
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--chat-template-kwargs is not valid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise UsageError(
+            '--chat-template-kwargs must be a JSON object, e.g. {"enable_thinking": false}'
+        )
+    return tuple(value.items())
 
 
 def cache_disk(mib: int) -> tuple[Path, int] | None:

@@ -17,9 +17,10 @@ from starlette.responses import Response
 
 from localfab.chat.session import reply_room
 from localfab.chat.templates import validate_messages
+from localfab.engine.reasoning import thinking_of
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
-from localfab.server.dialects import Chat, Completions, Dialect
+from localfab.server.dialects import Chat, Completions, Dialect, Reasoning
 from localfab.server.errors import ApiError, api_error
 from localfab.server.params import Generation, parse_generation
 from localfab.server.plumbing import json_response, read_json
@@ -131,8 +132,28 @@ async def chat_completions(server: Server, request: Request) -> Response:
             window.left_out["turns"],
             window.left_out["tokens"],
         )
-    dialect = Chat(gen, server.prompt_text, verbose=server.verbose(gen))
+    dialect = Chat(
+        gen,
+        server.prompt_text,
+        verbose=server.verbose(gen),
+        reasoning=reasoning_split(server, body, window.tokens),
+    )
     return await respond(server, request, [Prompt(window.tokens, window)], gen, dialect)
+
+
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
+
+def reasoning_split(server: Server, body: Mapping[str, Any], tokens: Sequence[int]) -> Reasoning:
+    """How this chat request's replies are split into reasoning and answer: the template's
+    thinking (its generation prompt may open the block: the prompt's last tokens say) and the
+    request's `reasoning_format` (default: --reasoning-format)."""
+    fmt = body.get("reasoning_format", server.settings.reasoning_format)
+    if fmt not in REASONING_FORMATS:
+        raise ApiError(f"Unknown reasoning format: {fmt}")
+    template = server.model.prompts.template
+    tail = server.prompt_text(list(tokens[-8:]))
+    return Reasoning(thinking_of(None if template.builtin else template.source, tail), fmt)
 
 
 async def apply_template(server: Server, request: Request) -> Response:
@@ -173,6 +194,10 @@ def chat_messages(
     prompts = server.model.prompts
     if [m["role"] for m in messages[-2:]] == ["assistant", "assistant"]:
         raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
+    asked = body.get("chat_template_kwargs")
+    if asked is not None and not isinstance(asked, dict):
+        raise ApiError("Field 'chat_template_kwargs' must be an object")
+    variables = server.settings.template_variables(asked)
 
     def templated(apply: Callable[..., _T]) -> Callable[[Window], _T]:
         """`apply` (the template as text or as tokens) on a window; its errors are 400s."""
@@ -181,7 +206,10 @@ def chat_messages(
             final = window[-1]["role"] == "assistant"
             try:
                 return apply(
-                    window, continue_final=final, add_generation_prompt=add_generation_prompt
+                    window,
+                    continue_final=final,
+                    add_generation_prompt=add_generation_prompt,
+                    variables=variables,
                 )
             except UsageError as exc:
                 raise api_error(exc) from exc

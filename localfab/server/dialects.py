@@ -10,8 +10,10 @@ array, OpenAI answers one object whose `choices` hold every result in order.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from localfab.engine.reasoning import ReasoningSplit, Thinking, split_reasoning
 from localfab.engine.types import Done, TokenProbs
 from localfab.server import shapes
 from localfab.server.jobs import Progress, Step
@@ -34,6 +36,22 @@ def nested_values(paths: Sequence[str], data: dict[str, Any]) -> dict[str, Any]:
         else:
             out[path] = current
     return out
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A thinking template's tags (None: the model does not think) and the request's
+    `reasoning_format`, as llama-server: "none" leaves the block in `content`; "deepseek" and
+    "auto" put it in `reasoning_content`, streamed as `delta.reasoning_content`;
+    "deepseek-legacy" does so in whole answers but streams the block inline."""
+
+    thinking: Thinking | None = None
+    fmt: str = "auto"
+
+    def splits(self, *, stream: bool) -> bool:
+        if self.thinking is None or self.fmt == "none":
+            return False
+        return not (stream and self.fmt == "deepseek-legacy")
 
 
 class Dialect:
@@ -155,10 +173,40 @@ class Chat(Dialect):
     done_event = shapes.DONE_EVENT
     oai = True
 
-    def __init__(self, gen: Generation, detokenize: Detokenize, *, verbose: bool) -> None:
+    def __init__(
+        self,
+        gen: Generation,
+        detokenize: Detokenize,
+        *,
+        verbose: bool,
+        reasoning: Reasoning | None = None,
+    ) -> None:
         super().__init__(gen, detokenize, verbose=verbose)
         # Per result: the probabilities of tokens whose text is still held back.
         self._held: dict[int, list[tuple[int, TokenProbs]]] = {}
+        self.reasoning = reasoning or Reasoning()
+        # Per result, while streaming: the split of its text into reasoning and answer.
+        self._splits: dict[int, ReasoningSplit] = {}
+
+    def _split(self, index: int) -> ReasoningSplit | None:
+        thinking = self.reasoning.thinking
+        if thinking is None or not self.reasoning.splits(stream=True):
+            return None
+        split = self._splits.get(index)
+        if split is None:
+            split = self._splits[index] = ReasoningSplit(thinking)
+        return split
+
+    def _deltas(self, index: int, text: str, *, end: bool = False) -> list[dict[str, Any]]:
+        """The stream's deltas for new text of one result (the split's pieces, or the text)."""
+        split = self._split(index)
+        if split is None:
+            return [{"content": text}] if text else []
+        pieces = split.feed(text) + (split.finish() if end else [])
+        return [
+            {"reasoning_content" if kind == "reasoning" else "content": piece}
+            for kind, piece in pieces
+        ]
 
     def start(self, reply: shapes.ResultMeta) -> list[dict[str, Any]]:
         # The role chunk opens every chat stream; with progress it comes with each progress.
@@ -177,8 +225,11 @@ class Chat(Dialect):
         held = self._held.setdefault(reply.index, [])
         if event.probs is not None:
             held.append((event.token, event.probs))
-        if event.text:
-            out.append(shapes.chat_chunk(reply, {"content": event.text}, None, held))
+        deltas = self._deltas(reply.index, event.text) if event.text else []
+        for i, delta in enumerate(deltas):
+            last = i == len(deltas) - 1
+            out.append(shapes.chat_chunk(reply, delta, None, held if last else ()))
+        if deltas:
             self._held[reply.index] = []
         if out and step.timings is not None:
             out[-1]["timings"] = step.timings.to_dict()
@@ -187,13 +238,19 @@ class Chat(Dialect):
     def stream_end(
         self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int]
     ) -> list[dict[str, Any]]:
+        tail = [shapes.chat_chunk(reply, d) for d in self._deltas(reply.index, "", end=True)]
         chunks = shapes.chat_final_chunks(reply, done, include_usage=self.gen.include_usage)
         self._verbose(chunks[0], lambda: self.native(reply, done, tokens, stream=True))
-        return chunks
+        return tail + chunks
 
     def final(
         self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int], probs: Probs
     ) -> dict[str, Any]:
-        res = shapes.chat_final(reply, done, probs)
+        thinking = self.reasoning.thinking
+        if thinking is not None and self.reasoning.splits(stream=False):
+            thought, answer = split_reasoning(done.text, thinking)
+            res = shapes.chat_final(reply, done, probs, content=answer, reasoning=thought)
+        else:
+            res = shapes.chat_final(reply, done, probs)
         self._verbose(res, lambda: self.native(reply, done, tokens, probs=probs))
         return res

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localfab import __version__
 from localfab.engine.types import SamplingParams
@@ -36,6 +37,12 @@ class ServerSettings:
     cache_ram: int | None = 0
     # --cache-disk: the prompt cache's disk tier (folder, bytes); None: RAM only.
     cache_disk: tuple[Path, int] | None = None
+    # Thinking models: --reasoning-format (none, deepseek, deepseek-legacy, auto: where the
+    # reasoning goes), -rea/--reasoning (on, off, auto: the template's enable_thinking) and
+    # --chat-template-kwargs (the template's own variables, as JSON).
+    reasoning_format: str = "auto"
+    reasoning: str = "auto"
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     slot_save_path: Path | None = None  # --slot-save-path: where /slots/{id}?action=save writes
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408
@@ -45,6 +52,16 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins: besides loopback ones; "*": any
     verbose: bool = False  # --verbose: answers carry llama-server's `__verbose` field
     build_info: str = f"localfab-{__version__}"
+
+    def template_variables(self, asked: Any = None) -> dict[str, Any]:
+        """The chat template's variables for a request: --chat-template-kwargs, then
+        --reasoning on/off as enable_thinking, then the request's own `chat_template_kwargs`."""
+        out = dict(self.chat_template_kwargs)
+        if self.reasoning != "auto":
+            out["enable_thinking"] = self.reasoning == "on"
+        if asked is not None:
+            out.update(asked)
+        return out
 
     @property
     def public_model_name(self) -> str:

@@ -206,12 +206,25 @@ def _shifted(reply: ResultMeta) -> bool:
 
 
 def chat_final(
-    reply: ResultMeta, done: Done, probs: Sequence[tuple[int, TokenProbs]] = ()
+    reply: ResultMeta,
+    done: Done,
+    probs: Sequence[tuple[int, TokenProbs]] = (),
+    *,
+    content: str | None = None,
+    reasoning: str = "",
 ) -> dict[str, Any]:
+    """The whole answer; `content` and `reasoning` where a thinking model's reply was split
+    (`reasoning_content` only when there is some, as llama-server)."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": done.text if content is None else content,
+    }
+    if reasoning:
+        message["reasoning_content"] = reasoning
     choice: dict[str, Any] = {
         "finish_reason": finish_reason(done),
         "index": reply.index,
-        "message": {"role": "assistant", "content": done.text},
+        "message": message,
     }
     if probs:
         choice["logprobs"] = _logprobs(probs)
