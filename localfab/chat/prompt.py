@@ -46,19 +46,28 @@ class Tokenizer(Protocol):
 class PromptBuilder:
     """Renders messages with the model's template and tokenizes them, with exactly one BOS."""
 
-    def __init__(self, engine: Tokenizer, template: ChatTemplate | None = None) -> None:
+    def __init__(
+        self, engine: Tokenizer, template: ChatTemplate | None = None, *, source: str | None = None
+    ) -> None:
+        """`template`: a compiled one to use as is; `source`: a template's text to use with the
+        model's BOS and EOS (--chat-template-file); neither: the model's own, or a built-in."""
         self.engine = engine
         if template is None:
-            template, notice = resolve_template(
-                engine.chat_template(),
-                engine.architecture,
-                bos_token=engine.token_text(engine.bos_token) if engine.add_bos else "",
-                eos_token=engine.token_text(engine.eos_token),
-            )
+            bos = engine.token_text(engine.bos_token) if engine.add_bos else ""
+            eos = engine.token_text(engine.eos_token)
+            if source is not None:
+                template, notice = ChatTemplate(source, "file", bos, eos), None
+            else:
+                template, notice = resolve_template(
+                    engine.chat_template(), engine.architecture, bos_token=bos, eos_token=eos
+                )
         else:
             notice = None
         self.template = template
         self.notice = notice
+        # The template's own variables for every rendering that names none (a front end's
+        # choice, such as enable_thinking for `run --reasoning off`).
+        self.variables: dict[str, Any] = {}
 
     def text(
         self,
@@ -76,7 +85,7 @@ class PromptBuilder:
             messages,
             add_generation_prompt=add_generation_prompt,
             continue_final=continue_final,
-            variables=variables,
+            variables=self.variables if variables is None else variables,
         )
 
     def tokens(

@@ -353,13 +353,13 @@ class ChatTemplate:
     """A compiled chat template and where it came from."""
 
     source: str
-    name: str  # "gguf" or a built-in name
+    name: str  # "gguf", "file" (a template file the user gave) or a built-in name
     bos_token: str = ""
     eos_token: str = ""
 
     @property
     def builtin(self) -> bool:
-        return self.name != "gguf"
+        return self.name not in ("gguf", "file")
 
     def render(
         self,

@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from localfab.commands.run_cache import keep_prompt, ready
 from localfab.commands.spec_flags import gather, spec_options, speculation
+from localfab.commands.thinking import ThoughtStream, reply_thinking
+from localfab.engine.reasoning import Thinking, split_reasoning
 from localfab.errors import UsageError
 from localfab.textsafe import json_controls, visible_controls
 from localfab.units import KV_CACHE_TYPES, usage
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatEvent, ChatSession, Reply
     from localfab.config import Config, Paths
@@ -32,6 +33,7 @@ KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 # The options `run` receives together, as one mapping each (see `gather`).
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 LOAD_FLAGS = ("ctx_size", "n_gpu_layers", "cache_type_k", "cache_type_v", "flash_attn", "threads")
+THINK_FLAGS = ("reasoning", "hide_thinking", "chat_template_file")
 
 
 def setup_logging(verbose: int) -> None:
@@ -125,6 +127,25 @@ def read_prompt(words: tuple[str, ...]) -> str:
     "config prompt_cache, on; only prompts of 512 tokens or more are kept).",
 )
 @click.option(
+    "-rea",
+    "--reasoning",
+    type=click.Choice(["on", "off", "auto"]),
+    default="auto",
+    show_default=True,
+    help="A thinking model's thinking, on or off through its template (auto: the template's).",
+)
+@click.option(
+    "--chat-template-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Use this Jinja chat template instead of the model's (as llama-server).",
+)
+@click.option(
+    "--hide-thinking",
+    is_flag=True,
+    help="Do not print a thinking model's thought (it goes to stderr, dimmed, otherwise).",
+)
+@click.option(
     "--no-ledger",
     is_flag=True,
     help="Do not record this reply in the usage ledger (see localfab stats).",
@@ -132,6 +153,7 @@ def read_prompt(words: tuple[str, ...]) -> str:
 @spec_options
 @gather("load_flags", LOAD_FLAGS)
 @gather("sampling_flags", SAMPLING_FLAGS)
+@gather("think_flags", THINK_FLAGS)
 def run(
     model: str,
     prompt: tuple[str, ...],
@@ -147,13 +169,14 @@ def run(
     sampling_flags: dict[str, Any],
     load_flags: dict[str, Any],
     spec_flags: dict[str, Any],
+    think_flags: dict[str, Any],
 ) -> None:
     """Answer PROMPT with MODEL (a .gguf path or a registered name), streaming to stdout.
 
-    Piped standard input comes before PROMPT: cat notes.md | localfab run MODEL "Summarize:".
-    The document's processed state is kept on disk (--prompt-cache): the next question about
-    it starts from there.
-    Ctrl-C stops the answer, keeps what was printed and exits with 130.
+    Piped standard input comes first (cat notes.md | localfab run MODEL "Summarize:") and its
+    state is kept on disk for the next question (--prompt-cache). A thinking model's thought
+    goes to stderr (--hide-thinking: nowhere). Ctrl-C stops the answer, keeps what was
+    printed and exits with 130.
     """
     from localfab.chat.session import ChatSession
     from localfab.config import Config, default_paths
@@ -168,7 +191,7 @@ def run(
     speculative = speculation(config, paths, spec_flags)
     choice = _plan(model, paths, config, verbose, load_flags)
     loaded = choice.open(speculative=speculative)
-    _ready(loaded, paths, config, _pick(prompt_cache, config.prompt_cache))
+    ready(loaded, paths, config, _pick(prompt_cache, config.prompt_cache), think_flags)
 
     # An explicit -n is a hard cap, as in llama.cpp; only the configured default limit is
     # continued automatically, unless --max-continues asks for it too.
@@ -178,64 +201,19 @@ def run(
     session = ChatSession(
         loaded.engine, loaded.prompts, system=None if raw else system, max_continues=continues
     )
-    tokens, events = _start(session, loaded.prompts, text, options, raw=raw, system=system)
+    tokens, events, thinking = _start(session, loaded.prompts, text, options, raw, system)
     writer, ledger, recorder = _recorder(config, paths, model, choice.plan, choice.path, no_ledger)
-    reply = _stream(
-        recorder.wrap(events, prompt_tokens=len(tokens)), as_json=as_json, verbose=verbose
-    )
+    events = recorder.wrap(events, prompt_tokens=len(tokens))
+    reply = _stream(events, as_json, verbose, thinking, hide=think_flags["hide_thinking"])
     energy = recorder.energy or Energy(None, "", "not measured")
-    _report(reply, model, len(tokens), energy, as_json=as_json)
+    _report(reply, model, len(tokens), energy, as_json=as_json, thinking=thinking)
     if verbose:
         past = speculative is not None and loaded.engine.speculation_batch_past > 1
         _report_timings(reply, energy, drafts=speculative is not None, past=past)
-    _keep_prompt(loaded.engine, len(tokens), verbose)
+    keep_prompt(loaded.engine, len(tokens), verbose)
     if writer is not None and ledger is not None:
         _close_ledger(writer, ledger, recorder, verbose)
     loaded.close()
-
-
-# `run` keeps a prompt's state on disk only from this length (tokens): shorter ones take about
-# as long to process as to read back.
-RUN_CACHE_MIN = 512
-
-
-def _ready(loaded: Any, paths: Paths, config: Config, prompt_cache: bool) -> None:
-    """After the load: its notices on stderr, and the prompt cache's disk tier for this one
-    run (no RAM tier: one prompt) unless it is off."""
-    from localfab.engine.prompt_cache import open_prompt_cache
-
-    for notice in loaded.notices:
-        click.echo(f"localfab: note: {notice}", err=True)
-    if not prompt_cache:
-        return
-    engine = loaded.engine
-
-    cache = open_prompt_cache(
-        0,
-        key=engine.state_key(),
-        folder=paths.prompt_cache_dir,
-        disk_limit=config.prompt_cache_disk << 20,
-        note=lambda text: click.echo(f"localfab: note: {text}", err=True),
-    )
-    if cache.enabled:
-        engine.use_prompt_cache(cache)
-
-
-def _keep_prompt(engine: Any, n_prompt: int, verbose: int) -> None:
-    """Write the prompt's state (and the reply's) to the disk tier, after the answer, when
-    the prompt is long enough to be worth it."""
-    cache = engine.prompt_cache
-    if cache is None or cache.disk is None or n_prompt < RUN_CACHE_MIN:
-        return
-    started = time.perf_counter()
-    written = engine.persist_prompt()
-    if verbose and written:
-        click.echo(
-            f"localfab: prompt cache: kept {len(engine.kv.cached):,} tokens in "
-            f"{cache.disk.folder} ({written / 1e6:.1f} MB, "
-            f"{(time.perf_counter() - started) * 1e3:.0f} ms)",
-            err=True,
-        )
 
 
 def _start(
@@ -243,17 +221,16 @@ def _start(
     prompts: PromptBuilder,
     text: str,
     options: GenerationOptions,
-    *,
     raw: bool,
     system: str | None,
-) -> tuple[list[int], Iterator[ChatEvent]]:
-    """The prompt's tokens and the reply's events: a chat turn, or with --raw the text (after
-    the system prompt, if any) as it is."""
+) -> tuple[list[int], Iterator[ChatEvent], Thinking | None]:
+    """The prompt's tokens, the reply's events and how the reply thinks: a chat turn, or with
+    --raw the text (after the system prompt, if any) as it is (no thinking then)."""
     if raw:
         tokens = prompts.raw(text if system is None else f"{system}\n\n{text}")
-        return tokens, session.complete(tokens, options)
+        return tokens, session.complete(tokens, options), None
     tokens = prompts.tokens(session.window() + [{"role": "user", "content": text}])
-    return tokens, session.send(text, options)
+    return tokens, session.send(text, options), reply_thinking(prompts, session.engine, tokens)
 
 
 def _plan(
@@ -335,14 +312,27 @@ def _recorder(
     return writer, ledger, recorder
 
 
-def _report(reply: Reply, model: str, n_prompt: int, energy: Energy, *, as_json: bool) -> None:
-    """End the streamed text, or write the one JSON object `--json` asks for."""
+def _report(
+    reply: Reply,
+    model: str,
+    n_prompt: int,
+    energy: Energy,
+    *,
+    as_json: bool,
+    thinking: Thinking | None = None,
+) -> None:
+    """End the streamed text, or write the one JSON object `--json` asks for (a thinking
+    model's thought in `reasoning_content`, its answer in `text`)."""
     out = sys.stdout
     last = reply.pieces[-1]
     if as_json:
+        thought, text = (
+            ("", reply.text) if thinking is None else split_reasoning(reply.text, thinking)
+        )
         result = {
             "model": model,
-            "text": reply.text,
+            "text": text,
+            **({"reasoning_content": thought} if thought else {}),
             "finish_reason": reply.finish_reason,
             "stop_type": reply.stop_type,
             "stopping_word": last.stopping_word,
@@ -387,13 +377,27 @@ def _report_timings(reply: Reply, energy: Energy, *, drafts: bool, past: bool) -
         click.echo(f"localfab: {describe_drafts(reply.pieces, past=past)}", err=True)
 
 
-def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: int) -> Reply:
-    """Print the reply as it streams (unless JSON is asked for); return the finished reply."""
+def _stream(
+    events: Iterator[ChatEvent],
+    as_json: bool,
+    verbose: int,
+    thinking: Thinking | None = None,
+    *,
+    hide: bool = False,
+) -> Reply:
+    """Print the reply as it streams (unless JSON is asked for): a thinking model's thought on
+    stderr (unless `hide`), the answer on stdout; return the finished reply."""
     from localfab.chat.session import Continued, Reply, Shifted
 
     out = sys.stdout
     # On a terminal, model text never carries a control sequence to it (a pipe gets the bytes).
     shown = visible_controls if out.isatty() else str
+
+    def answer(text: str) -> None:
+        out.write(shown(text))
+        out.flush()
+
+    stream = ThoughtStream(thinking, answer, hide=hide or as_json, shown=visible_controls)
     reply: Reply | None = None
     for event in events:
         if isinstance(event, Reply):
@@ -408,8 +412,8 @@ def _stream(events: Iterator[ChatEvent], *, as_json: bool, verbose: int) -> Repl
         elif isinstance(event, Shifted):
             click.echo(f"\nlocalfab: {event.describe()}", err=True)
         elif event.text and not as_json:
-            out.write(shown(event.text))
-            out.flush()
+            stream.write(event.text)
+    stream.end()
     assert reply is not None
     return reply
 

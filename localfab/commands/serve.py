@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.commands.spec_flags import spec_options, speculation
+from localfab.commands.thinking import use_template_file
 from localfab.engine.prompt_cache import DEFAULT_LIMIT
 from localfab.errors import ModelError, UsageError
 from localfab.units import KV_CACHE_TYPES, MiB
@@ -122,6 +123,12 @@ def is_loopback(host: str) -> bool:
     default="auto",
     show_default=True,
     help="Thinking on or off through the template's enable_thinking (auto: the template's).",
+)
+@click.option(
+    "--chat-template-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Use this Jinja chat template instead of the model's (as llama-server).",
 )
 @click.option(
     "--chat-template-kwargs",
@@ -402,6 +409,7 @@ def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Ca
             parallel=n_parallel,
             kv_unified=options["kv_unified"],
         )
+        use_template_file(loaded, options["chat_template_file"])
         for notice in loaded.notices:
             click.echo(f"localfab: note: {notice}", err=True)
         engine = loaded.engine

@@ -151,6 +151,28 @@ def test_a_second_question_about_a_piped_document_restores_it_from_the_disk_cach
     assert json.loads(off.stdout)["timings"]["cache_n"] == 0
 
 
+def test_a_thinking_template_sends_the_thought_to_stderr_and_json_apart(model_path: Path, lf_env):
+    # DeepSeek-R1's template opens the block in the prompt; the test model never closes it,
+    # so all it writes is thought: stdout gets no answer, stderr (or reasoning_content) the
+    # thought, and --hide-thinking prints it nowhere.
+    template = Path(__file__).resolve().parents[1] / "engine" / "templates"
+    base = ["run", str(model_path), "Hello there", "-n", "12", "--temperature", "0"]
+    base += [
+        "--chat-template-file",
+        str(template / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"),
+    ]
+    shown = lf(base, lf_env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "" and "no chat template" not in shown.stderr
+    thought = json.loads(lf([*base, "--json"], lf_env).stdout)
+    assert thought["text"] == "" and thought["reasoning_content"]
+    assert thought["reasoning_content"] in shown.stderr
+    hidden = lf([*base, "--hide-thinking"], lf_env)
+    assert thought["reasoning_content"] not in hidden.stderr
+    missing = lf([*base[:-1], "nope.jinja"], lf_env)
+    assert missing.returncode != 0 and "nope.jinja" in missing.stderr
+
+
 def test_missing_file(lf_env, tmp_path):
     assert_one_clean_error(lf(["run", str(tmp_path / "nope.gguf"), "hi"], lf_env), 3, "nope.gguf")
 
