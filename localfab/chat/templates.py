@@ -22,6 +22,7 @@ from jinja2 import TemplateError, nodes
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
+from localfab.engine.reasoning import PROBE_CONTENT, PROBE_REASONING, Thinking, thinking_of
 from localfab.errors import UsageError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -469,3 +470,24 @@ def validate_messages(messages: object) -> list[dict[str, str]]:
             raise UsageError(f"messages[{i}].content must be a string")
         out.append({"role": role, "content": content})
     return out
+
+
+def template_thinking(template: ChatTemplate, generation_prompt: str) -> Thinking | None:
+    """How replies to `generation_prompt` (its end will do) think with `template` (None: not a
+    thinking template, or a built-in one); the whitespace it writes after its tags is read
+    from a rendered probe reply."""
+    if template.builtin:
+        return None
+    return thinking_of(template.source, generation_prompt, _probe(template))
+
+
+@functools.lru_cache(maxsize=16)
+def _probe(template: ChatTemplate) -> str:
+    """The template's rendering of a reply with a reasoning and a content ("" on failure)."""
+    reply = {"role": "assistant", "content": PROBE_CONTENT, "reasoning_content": PROBE_REASONING}
+    try:
+        return template.render(
+            [{"role": "user", "content": "U"}, reply], add_generation_prompt=False
+        )
+    except UsageError:
+        return ""

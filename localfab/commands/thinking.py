@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localfab.engine.reasoning import ReasoningSplit, Thinking, thinking_of
+from localfab.engine.reasoning import ReasoningSplit, Thinking
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -16,10 +16,10 @@ DIM, RESET = "\x1b[2m", "\x1b[0m"
 def reply_thinking(prompts: Any, engine: Any, tokens: Sequence[int]) -> Thinking | None:
     """How the reply to `tokens` thinks: the template's tags, and whether the prompt's end
     opened the block (None: a template that does not think, or a built-in one)."""
-    template = prompts.template
-    if template.builtin:
-        return None
-    return thinking_of(template.source, engine.detokenize(list(tokens[-8:]), special=True))
+    from localfab.chat.templates import template_thinking
+
+    tail = engine.detokenize(list(tokens[-8:]), special=True)
+    return template_thinking(prompts.template, tail)
 
 
 def use_template_file(loaded: Any, path: Path | None) -> None:

@@ -7,12 +7,14 @@ A thinking model writes its reasoning in a block before the answer: `<think>` ..
 Some templates open the block themselves at the end of the generation prompt (DeepSeek-R1
 distills, QwQ, Qwen3 with thinking forced): the reply then starts inside it.
 
-`ReasoningSplit` separates the two as text streams in, the way llama.cpp's parser does for
-`--reasoning-format deepseek` (llama-server's `reasoning_content`): the tags are dropped, so is
-whitespace right after the opening tag, right before the closing one and right after it (the
-answer starts at its first visible character); a block of whitespace only is no reasoning. A tag
-cut over two pieces of text is held back until it is whole, so every chunking of a reply splits
-into the same two strings; a block never closed stays reasoning.
+`ReasoningSplit` separates the two as text streams in, the way llama-server of this llama.cpp
+puts a reply into `reasoning_content` and `content` (checked against the binary, see the
+tests): the tags go; so does the whitespace the template itself writes after each tag (Qwen3:
+one newline after `<think>`, two after `</think>`), and, where the reply may open a block,
+whitespace before it; a block of whitespace only is no reasoning. Where the prompt opened the
+block, what the prompt wrote after the tag (DeepSeek-R1's newline) starts the reasoning, as in
+llama-server. A tag cut over two pieces of text is held back until it is whole, so every
+chunking of a reply splits into the same two strings; a block never closed stays reasoning.
 """
 
 from __future__ import annotations
@@ -32,26 +34,59 @@ TAG_PAIRS: tuple[tuple[str, str], ...] = (
 
 @dataclass(frozen=True)
 class Thinking:
-    """How a chat template thinks: its tags, whether its generation prompt opens the block,
-    and whether it takes `enable_thinking` (to turn thinking off)."""
+    """How a chat template thinks: its tags, whether its generation prompt opens the block
+    (and what it writes after the tag there), whether it takes `enable_thinking`, and the
+    whitespace it writes after each tag in a reply it renders (dropped when parsing)."""
 
     start: str
     end: str
     opened_by_prompt: bool = False
     toggle: bool = False
+    start_gap: str = ""
+    end_gap: str = ""
+    prompt_tail: str = ""  # the generation prompt after its opening tag
 
 
-def thinking_of(template: str | None, generation_prompt: str = "") -> Thinking | None:
+def thinking_of(
+    template: str | None, generation_prompt: str = "", probe: str = ""
+) -> Thinking | None:
     """The thinking of a chat template (None: it does not think). `generation_prompt` is the
-    template rendered with `add_generation_prompt` (what the reply follows): when it ends with
-    the opening tag, the reply starts inside the block."""
+    template rendered with `add_generation_prompt` (what the reply follows; when the opening
+    tag is in its last line, the reply starts inside the block); `probe` is the template's
+    rendering of a reply with reasoning `PROBE_REASONING` and content `PROBE_CONTENT`, where
+    the whitespace it puts after each tag is read."""
     if not template:
         return None
     for start, end in TAG_PAIRS:
-        if end in template:
-            opened = generation_prompt.rstrip().endswith(start)
-            return Thinking(start, end, opened, "enable_thinking" in template)
+        if end not in template:
+            continue
+        at = generation_prompt.rfind(start)
+        tail = generation_prompt[at + len(start) :] if at >= 0 else ""
+        opened = at >= 0 and not tail.strip() and end not in tail
+        return Thinking(
+            start,
+            end,
+            opened_by_prompt=opened,
+            toggle="enable_thinking" in template,
+            start_gap=_gap(probe, start, PROBE_REASONING),
+            end_gap=_gap(probe, end, PROBE_CONTENT),
+            prompt_tail=tail if opened else "",
+        )
     return None
+
+
+PROBE_REASONING = "R3AS0N1NG"
+PROBE_CONTENT = "C0NT3NT"
+
+
+def _gap(probe: str, tag: str, after: str) -> str:
+    """The whitespace between `tag` and `after` in `probe` ("" where they are not so)."""
+    at = probe.find(tag)
+    if at < 0:
+        return ""
+    rest = probe[at + len(tag) :]
+    gap = rest[: len(rest) - len(rest.lstrip())]
+    return gap if rest[len(gap) :].startswith(after) else ""
 
 
 class ReasoningSplit:
@@ -59,47 +94,49 @@ class ReasoningSplit:
     (kind, text) pairs, adjacent pieces of one kind merged."""
 
     def __init__(self, thinking: Thinking) -> None:
+        self.thinking = thinking
         self.start, self.end = thinking.start, thinking.end
         # "before": the reply has not shown whether it opens a block; "reasoning", "content".
         self.state = "reasoning" if thinking.opened_by_prompt else "before"
-        self._held = ""  # text not yet given out: a possible tag, or whitespace it may drop
-        self._lead = True  # at the start of the current part: leading whitespace is dropped
+        self._held = thinking.prompt_tail if thinking.opened_by_prompt else ""
+        self._gap = ""  # the whitespace the template writes after the last tag, still to drop
         self.reasoning = ""
         self.content = ""
 
     def feed(self, text: str) -> list[tuple[Kind, str]]:
         out: list[tuple[Kind, str]] = []
         self._held += text
-        while self._held:
-            if not self._step(out, final=False):
-                break
+        while self._held and self._step(out, final=False):
+            pass
         return _merged(out)
 
     def finish(self) -> list[tuple[Kind, str]]:
         """The end of the reply: what was held back, as what it is (an unclosed block stays
-        reasoning; its trailing whitespace goes)."""
+        reasoning, a cut tag with it)."""
         out: list[tuple[Kind, str]] = []
         while self._held and self._step(out, final=True):
             pass
-        if self._held and self.state == "content":
-            self._give(out, "content", self._held)
+        if self._held:
+            if self.state == "content":
+                self._give(out, "content", self._held)
+            elif self.reasoning or self._held.strip():
+                self._give(out, "reasoning", self._held)
         self._held = ""
         return _merged(out)
 
     # --- one step of the state machine: False when it must wait for more text --------------------
 
     def _step(self, out: list[tuple[Kind, str]], *, final: bool) -> bool:
+        if not self._skip_gap(final=final):
+            return False
         held = self._held
-        if self._lead:
-            held = held.lstrip()
-            self._held = held
+        if self.state == "before":
+            held = self._held = held.lstrip()
             if not held:
                 return False
-            self._lead = False
-        if self.state == "before":
             if held.startswith(self.start):
                 self._held = held[len(self.start) :]
-                self.state, self._lead = "reasoning", True
+                self.state, self._gap = "reasoning", self.thinking.start_gap
                 return True
             if self.start.startswith(held) and not final:
                 return False  # maybe the opening tag, cut short
@@ -111,23 +148,35 @@ class ReasoningSplit:
             return False
         return self._reasoning_step(out, held, final=final)
 
+    def _skip_gap(self, *, final: bool) -> bool:
+        """Drop what of the template's whitespace after the last tag the text begins with;
+        False while the text so far is all of it (more may follow)."""
+        gap, held = self._gap, self._held
+        n = 0
+        while n < len(gap) and n < len(held) and held[n] == gap[n]:
+            n += 1
+        self._held = held[n:]
+        self._gap = gap[n:] if n == len(held) and not final else ""
+        return bool(self._held)
+
     def _reasoning_step(self, out: list[tuple[Kind, str]], held: str, *, final: bool) -> bool:
         at = held.find(self.end)
         if at >= 0:
-            self._give(out, "reasoning", held[:at].rstrip())
+            body = held[:at]
+            if self.reasoning or body.strip():  # a block of whitespace only is no reasoning
+                self._give(out, "reasoning", body)
             self._held = held[at + len(self.end) :]
-            self.state, self._lead = "content", True
+            self.state, self._gap = "content", self.thinking.end_gap
             return True
-        # Give out all but what could still be the closing tag or whitespace before it.
+        if final:
+            return False  # `finish` gives what is left
+        # Give out all but what could still be the closing tag, once the block is more than
+        # whitespace.
         keep = _tail_that_may_start(held, self.end)
         body = held[: len(held) - keep]
-        if final:  # an unclosed block: all of it is reasoning, a cut tag too
-            self._give(out, "reasoning", held.rstrip())
-            self._held = ""
-            return False
-        stripped = body.rstrip()
-        self._give(out, "reasoning", stripped)
-        self._held = held[len(stripped) :]
+        if self.reasoning or body.strip():
+            self._give(out, "reasoning", body)
+            self._held = held[len(body) :]
         return False
 
     def _give(self, out: list[tuple[Kind, str]], kind: Kind, text: str) -> None:

@@ -16,8 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localfab.chat.session import reply_room
-from localfab.chat.templates import validate_messages
-from localfab.engine.reasoning import thinking_of
+from localfab.chat.templates import template_thinking, validate_messages
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect, Reasoning
@@ -151,9 +150,8 @@ def reasoning_split(server: Server, body: Mapping[str, Any], tokens: Sequence[in
     fmt = body.get("reasoning_format", server.settings.reasoning_format)
     if fmt not in REASONING_FORMATS:
         raise ApiError(f"Unknown reasoning format: {fmt}")
-    template = server.model.prompts.template
     tail = server.prompt_text(list(tokens[-8:]))
-    return Reasoning(thinking_of(None if template.builtin else template.source, tail), fmt)
+    return Reasoning(template_thinking(server.model.prompts.template, tail), fmt)
 
 
 async def apply_template(server: Server, request: Request) -> Response:

@@ -41,17 +41,15 @@ def nested_values(paths: Sequence[str], data: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Reasoning:
     """A thinking template's tags (None: the model does not think) and the request's
-    `reasoning_format`, as llama-server: "none" leaves the block in `content`; "deepseek" and
-    "auto" put it in `reasoning_content`, streamed as `delta.reasoning_content`;
-    "deepseek-legacy" does so in whole answers but streams the block inline."""
+    `reasoning_format`, as llama-server of this llama.cpp answers them: "none" leaves the block
+    in `content`; "auto", "deepseek" and "deepseek-legacy" put it in `reasoning_content`,
+    streamed as `delta.reasoning_content` (legacy's inline streaming is gone from it too)."""
 
     thinking: Thinking | None = None
     fmt: str = "auto"
 
-    def splits(self, *, stream: bool) -> bool:
-        if self.thinking is None or self.fmt == "none":
-            return False
-        return not (stream and self.fmt == "deepseek-legacy")
+    def splits(self) -> bool:
+        return self.thinking is not None and self.fmt != "none"
 
 
 class Dialect:
@@ -190,7 +188,7 @@ class Chat(Dialect):
 
     def _split(self, index: int) -> ReasoningSplit | None:
         thinking = self.reasoning.thinking
-        if thinking is None or not self.reasoning.splits(stream=True):
+        if thinking is None or not self.reasoning.splits():
             return None
         split = self._splits.get(index)
         if split is None:
@@ -247,7 +245,7 @@ class Chat(Dialect):
         self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int], probs: Probs
     ) -> dict[str, Any]:
         thinking = self.reasoning.thinking
-        if thinking is not None and self.reasoning.splits(stream=False):
+        if thinking is not None and self.reasoning.splits():
             thought, answer = split_reasoning(done.text, thinking)
             res = shapes.chat_final(reply, done, probs, content=answer, reasoning=thought)
         else:

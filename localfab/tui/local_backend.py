@@ -113,6 +113,7 @@ class LocalBackend:
     # Replies started: a chat is written to the prompt cache's disk tier once it has been idle
     # (no new reply) for `IDLE_PERSIST_S`.
     _activity: int = 0
+    _idle_timer: threading.Timer | None = None
     engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
 
     @on_engine
@@ -250,7 +251,9 @@ class LocalBackend:
             if self._activity == mark and not self.engine_thread.closed:
                 self.engine_thread.post(lambda: self._persist(mark))
 
-        timer = threading.Timer(IDLE_PERSIST_S, check)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()  # the newest reply's timer is the one that counts
+        timer = self._idle_timer = threading.Timer(IDLE_PERSIST_S, check)
         timer.daemon = True
         timer.start()
 
@@ -295,6 +298,8 @@ class LocalBackend:
         return len(chat.expected_cache), chat.n_ctx
 
     def close(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         self.engine_thread.call(self._close)
         self.engine_thread.shutdown()
 

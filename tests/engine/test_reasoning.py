@@ -4,39 +4,38 @@ reasoning and answer, byte-exact for every chunking of it (llama.cpp's expected 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from localfab.chat.templates import ChatTemplate
-from localfab.engine.reasoning import ReasoningSplit, Thinking, split_reasoning, thinking_of
+from localfab.chat.templates import ChatTemplate, template_thinking
+from localfab.engine.reasoning import ReasoningSplit, Thinking, split_reasoning
 
 TEMPLATES = Path(__file__).parent / "templates"
-QWEN3 = Thinking("<think>", "</think>", opened_by_prompt=False, toggle=True)
-R1 = Thinking("<think>", "</think>", opened_by_prompt=True)
-# llama.cpp's versions of QwQ's and the R1 Qwen distill's templates take enable_thinking.
-R1_TOGGLE = Thinking("<think>", "</think>", opened_by_prompt=True, toggle=True)
 
 
 def thinking_of_file(name: str) -> Thinking | None:
     source = (TEMPLATES / name).read_text(encoding="utf-8")
     template = ChatTemplate(source, "gguf", bos_token="<s>", eos_token="</s>")
-    prompt = template.render([{"role": "user", "content": "Hi"}])
-    return thinking_of(source, prompt)
+    return template_thinking(template, template.render([{"role": "user", "content": "Hi"}]))
+
+
+# What the probe finds in real templates: Qwen3 writes "<think>\n" and "</think>\n\n" around a
+# reply's reasoning; DeepSeek-R1's distills open the block in the prompt ("<think>\n").
+QWEN3 = Thinking("<think>", "</think>", toggle=True, start_gap="\n", end_gap="\n\n")
+R1 = Thinking("<think>", "</think>", opened_by_prompt=True, prompt_tail="\n")
 
 
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
         ("Qwen-Qwen3-0.6B.jinja", QWEN3),
-        ("Qwen-QwQ-32B.jinja", R1_TOGGLE),
-        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", R1_TOGGLE),
+        ("Qwen-QwQ-32B.jinja", replace(R1, toggle=True)),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", replace(R1, toggle=True)),
         ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", R1),
-        ("HuggingFaceTB-SmolLM3-3B.jinja", QWEN3),
-        (
-            "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
-            Thinking("[THINK]", "[/THINK]", opened_by_prompt=False),
-        ),
+        ("HuggingFaceTB-SmolLM3-3B.jinja", replace(QWEN3, start_gap="", end_gap="")),
+        ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", Thinking("[THINK]", "[/THINK]")),
         (
             "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
             Thinking("<|START_THINKING|>", "<|END_THINKING|>", toggle=True),
@@ -49,22 +48,28 @@ def test_the_thinking_of_real_templates(name: str, expected: Thinking | None) ->
     assert thinking_of_file(name) == expected
 
 
-# Replies and their parses, from llama.cpp's tests/test-chat.cpp (deepseek reasoning format).
+# Replies (forced with a grammar) and the (reasoning_content, content) that llama-server of the
+# same llama.cpp returned for them, with Qwen3's and DeepSeek-R1-Distill-Llama's templates, for
+# every reasoning_format but none, streamed and whole alike; and llama.cpp's test-chat cases.
 CASES = [
-    (QWEN3, "<think>I'm\nthinking</think>Hello, world!\nWhat's up?",
-     "I'm\nthinking", "Hello, world!\nWhat's up?"),
-    (QWEN3, "<think>\nI'm\nthinking\n</think>\n\nHello, world!\nWhat's up?",
-     "I'm\nthinking", "Hello, world!\nWhat's up?"),
-    (R1, "Let me think about this...\n</think>\nThe answer is 42.",
-     "Let me think about this...", "The answer is 42."),
-    (R1, "</think>Hello, world!", "", "Hello, world!"),
-    (R1, "I'm\nthinking</think>Hello, world!\nWhat's up?",
-     "I'm\nthinking", "Hello, world!\nWhat's up?"),
-    (QWEN3, "Hello, world!\nWhat's up?", "", "Hello, world!\nWhat's up?"),  # no block
+    (QWEN3, "<think>\nPlan it.\n</think>\n\nDone.", "Plan it.\n", "Done."),
+    (QWEN3, "<think>\nStill thinking \n", "Still thinking \n", ""),  # never closed
+    (QWEN3, "Done.", "", "Done."),
+    (QWEN3, "<think>  a  b  </think>  c  ", "  a  b  ", "  c  "),
+    (QWEN3, "<think>\n \nx</think>\n \ny", " \nx", " \ny"),
+    (QWEN3, "<think>\n\n\nx\n\n</think>\n\n\ny", "\n\nx\n\n", "\ny"),
+    (QWEN3, "\n<think>x</think>y", "x", "y"),
+    (QWEN3, "<think>\tx</think>\ty", "\tx", "\ty"),
     (QWEN3, "<think>\n\n</think>\n\nHello", "", "Hello"),  # thinking off: an empty block
-    (QWEN3, "<think>I'm still thinking when the reply ends", "I'm still thinking when the "
-     "reply ends", ""),  # never closed
-    (R1, "thinking about </thi", "thinking about </thi", ""),  # cut inside the closing tag
+    (QWEN3, "\n\nDone.", "", "Done."),
+    (QWEN3, "  Done.", "", "Done."),
+    (QWEN3, "<think>I'm\nthinking</think>Hello, world!\nWhat's up?", "I'm\nthinking",
+     "Hello, world!\nWhat's up?"),
+    (R1, "\nPlan.\n</think>\n\nDone.", "\n\nPlan.\n", "\n\nDone."),
+    (R1, "Plan.</think>  Done.", "\nPlan.", "  Done."),
+    (R1, "  Plan.", "\n  Plan.", ""),
+    (R1, "</think>Hello, world!", "", "Hello, world!"),
+    (R1, "thinking about </thi", "\nthinking about </thi", ""),  # cut inside the closing tag
     (QWEN3, "<thi", "", "<thi"),  # a reply that only looks like the opening tag
     (QWEN3, "a < b and </think> stays", "", "a < b and </think> stays"),  # no block: as is
     (Thinking("[THINK]", "[/THINK]"), "[THINK]Plan.[/THINK]Answer.", "Plan.", "Answer."),
@@ -110,7 +115,7 @@ def test_thinking_off_closes_the_block_in_the_prompt_where_the_template_takes_it
 
 def test_the_block_streams_as_it_comes_and_holds_back_only_a_possible_tag() -> None:
     split = ReasoningSplit(QWEN3)
-    assert split.feed("<think>Step one") == [("reasoning", "Step one")]
-    assert split.feed(", step two </th") == [("reasoning", ", step two")]
+    assert split.feed("<think>\nStep one") == [("reasoning", "Step one")]
+    assert split.feed(", step two </th") == [("reasoning", ", step two ")]
     assert split.feed("ink>\n\nThe answer") == [("content", "The answer")]
     assert split.finish() == []

@@ -74,11 +74,12 @@ def joined(deltas: list[dict[str, Any]], key: str) -> str:
 
 
 def test_the_reasoning_is_apart_from_the_answer_whole_and_streamed(qwen3: str) -> None:
+    # As llama-server: the newline before </think> stays in the reasoning.
     message = chat(qwen3)["choices"][0]["message"]
-    assert message["reasoning_content"] == "Plan it step by step."
+    assert message["reasoning_content"] == "Plan it step by step.\n"
     assert message["content"] == "Done."
     deltas = streamed(qwen3)
-    assert joined(deltas, "reasoning_content") == "Plan it step by step."
+    assert joined(deltas, "reasoning_content") == "Plan it step by step.\n"
     assert joined(deltas, "content") == "Done."
     # The thought comes first, the answer after it.
     kinds = [k for d in deltas for k in ("reasoning_content", "content") if d.get(k)]
@@ -90,9 +91,12 @@ def test_reasoning_format_none_and_legacy(qwen3: str) -> None:
     message = chat(qwen3, reasoning_format="none")["choices"][0]["message"]
     assert message == {"role": "assistant", "content": raw}
     legacy = chat(qwen3, reasoning_format="deepseek-legacy")["choices"][0]["message"]
-    assert legacy["reasoning_content"] == "Plan it step by step."
-    deltas = streamed(qwen3, reasoning_format="deepseek-legacy")  # streamed inline
-    assert joined(deltas, "content") == raw and not joined(deltas, "reasoning_content")
+    assert legacy["reasoning_content"] == "Plan it step by step.\n"
+    # llama-server of this llama.cpp streams deepseek-legacy apart too (not inline).
+    deltas = streamed(qwen3, reasoning_format="deepseek-legacy")
+    assert joined(deltas, "reasoning_content") == "Plan it step by step.\n"
+    assert joined(deltas, "content") == "Done."
+    assert joined(streamed(qwen3, reasoning_format="none"), "content") == raw
     r = httpx.post(
         qwen3 + "/v1/chat/completions",
         json={"messages": USER, "reasoning_format": "bogus"},
@@ -115,7 +119,8 @@ def test_a_template_that_opens_the_block_starts_the_reply_inside_it(model_path: 
     forced = 'root ::= "Plan it.\\n</think>\\n\\nDone."'
     for url in serve(model_path, "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"):
         message = chat(url, grammar=forced)["choices"][0]["message"]
-        assert (message["reasoning_content"], message["content"]) == ("Plan it.", "Done.")
+        # As llama-server: the prompt's newline after <think> begins the reasoning.
+        assert (message["reasoning_content"], message["content"]) == ("\nPlan it.\n", "\n\nDone.")
 
 
 def test_reasoning_off_for_the_whole_server(model_path: Path) -> None:
