@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -136,3 +137,25 @@ def serve(model: Path, *args: str, env: dict[str, str] | None = None) -> Iterato
         yield server.wait_ready()
     finally:
         server.stop()
+
+
+def serve_in_process(loaded: Any, settings: Any) -> Iterator[str]:
+    """A server on `loaded` (a LoadedModel) with `settings` in this process, its URL once
+    /health answers; stopped, and the model closed, when the generator is closed."""
+    import time
+
+    import httpx
+
+    from localfab.server import create_app
+    from localfab.server.runner import BackgroundServer
+
+    server = BackgroundServer(create_app(loaded, settings)).start()
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(server.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.05)
+        yield server.url
+    finally:
+        server.stop()
+        loaded.close()

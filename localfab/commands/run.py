@@ -13,7 +13,12 @@ import click
 
 from localfab.commands.run_cache import keep_prompt, ready
 from localfab.commands.spec_flags import gather, spec_options, speculation
-from localfab.commands.thinking import ThoughtStream, reply_thinking
+from localfab.commands.thinking import (
+    ThoughtStream,
+    reasoning_option,
+    reply_thinking,
+    template_file_option,
+)
 from localfab.engine.reasoning import Thinking, split_reasoning
 from localfab.errors import UsageError
 from localfab.textsafe import json_controls, visible_controls
@@ -126,20 +131,8 @@ def read_prompt(words: tuple[str, ...]) -> str:
     "another question about the same piped document does not process it again (default: "
     "config prompt_cache, on; only prompts of 512 tokens or more are kept).",
 )
-@click.option(
-    "-rea",
-    "--reasoning",
-    type=click.Choice(["on", "off", "auto"]),
-    default="auto",
-    show_default=True,
-    help="A thinking model's thinking, on or off through its template (auto: the template's).",
-)
-@click.option(
-    "--chat-template-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Use this Jinja chat template instead of the model's (as llama-server).",
-)
+@reasoning_option
+@template_file_option(exists=False)  # a missing file: localfab's own clear error
 @click.option(
     "--hide-thinking",
     is_flag=True,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.commands.spec_flags import spec_options, speculation
-from localfab.commands.thinking import use_template_file
+from localfab.commands.thinking import reasoning_option, template_file_option, use_template_file
 from localfab.engine.prompt_cache import DEFAULT_LIMIT
 from localfab.errors import ModelError, UsageError
 from localfab.units import KV_CACHE_TYPES, MiB
@@ -113,23 +113,11 @@ def is_loopback(host: str) -> bool:
     type=click.Choice(["none", "deepseek", "deepseek-legacy", "auto"]),
     default="auto",
     show_default=True,
-    help="Where a thinking model's reasoning goes: reasoning_content (auto, deepseek; "
-    "deepseek-legacy streams it inline) or left in content (none).",
+    help="Where a thinking model's reasoning goes: reasoning_content, streamed as "
+    "delta.reasoning_content (auto, deepseek, deepseek-legacy), or left in content (none).",
 )
-@click.option(
-    "-rea",
-    "--reasoning",
-    type=click.Choice(["on", "off", "auto"]),
-    default="auto",
-    show_default=True,
-    help="Thinking on or off through the template's enable_thinking (auto: the template's).",
-)
-@click.option(
-    "--chat-template-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="Use this Jinja chat template instead of the model's (as llama-server).",
-)
+@reasoning_option
+@template_file_option(exists=True)
 @click.option(
     "--chat-template-kwargs",
     default=None,

@@ -8,9 +8,31 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
+
 from localfab.engine.reasoning import ReasoningSplit, Thinking
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+# The options `run` and `serve` share, with llama-server's names.
+reasoning_option = click.option(
+    "-rea",
+    "--reasoning",
+    type=click.Choice(["on", "off", "auto"]),
+    default="auto",
+    show_default=True,
+    help="A thinking model's thinking, on or off through its template's enable_thinking "
+    "(auto: the template's default).",
+)
+
+
+def template_file_option(*, exists: bool) -> Callable[[Any], Any]:
+    return click.option(
+        "--chat-template-file",
+        type=click.Path(exists=exists, dir_okay=False, path_type=Path),
+        default=None,
+        help="Use this Jinja chat template instead of the model's (as llama-server).",
+    )
 
 
 def reply_thinking(prompts: Any, engine: Any, tokens: Sequence[int]) -> Thinking | None:

@@ -189,6 +189,22 @@ class ReasoningSplit:
         out.append((kind, text))
 
 
+class Unsplit:
+    """A thinking model's reply left whole (reasoning_format "none"), as llama-server gives it:
+    after what the prompt opened (its tag and what followed it), leading whitespace dropped."""
+
+    def __init__(self, thinking: Thinking) -> None:
+        self._pending = thinking.start + thinking.prompt_tail if thinking.opened_by_prompt else ""
+        self._started = False
+
+    def feed(self, text: str) -> str:
+        text, self._pending = self._pending + text, ""
+        if not self._started:
+            text = text.lstrip()
+            self._started = bool(text)
+        return text
+
+
 def _tail_that_may_start(text: str, tag: str) -> int:
     """The length of the longest end of `text` that is a beginning of `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):

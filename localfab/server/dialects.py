@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localfab.engine.reasoning import ReasoningSplit, Thinking, split_reasoning
+from localfab.engine.reasoning import ReasoningSplit, Thinking, Unsplit, split_reasoning
 from localfab.engine.types import Done, TokenProbs
 from localfab.server import shapes
 from localfab.server.jobs import Progress, Step
@@ -183,8 +183,10 @@ class Chat(Dialect):
         # Per result: the probabilities of tokens whose text is still held back.
         self._held: dict[int, list[tuple[int, TokenProbs]]] = {}
         self.reasoning = reasoning or Reasoning()
-        # Per result, while streaming: the split of its text into reasoning and answer.
+        # Per result, while streaming: the split of its text into reasoning and answer (or,
+        # with reasoning_format none, the text as llama-server leaves it).
         self._splits: dict[int, ReasoningSplit] = {}
+        self._unsplit: dict[int, Unsplit] = {}
 
     def _split(self, index: int) -> ReasoningSplit | None:
         thinking = self.reasoning.thinking
@@ -199,6 +201,9 @@ class Chat(Dialect):
         """The stream's deltas for new text of one result (the split's pieces, or the text)."""
         split = self._split(index)
         if split is None:
+            thinking = self.reasoning.thinking
+            if thinking is not None:
+                text = self._unsplit.setdefault(index, Unsplit(thinking)).feed(text)
             return [{"content": text}] if text else []
         pieces = split.feed(text) + (split.finish() if end else [])
         return [
@@ -248,6 +253,8 @@ class Chat(Dialect):
         if thinking is not None and self.reasoning.splits():
             thought, answer = split_reasoning(done.text, thinking)
             res = shapes.chat_final(reply, done, probs, content=answer, reasoning=thought)
+        elif thinking is not None:
+            res = shapes.chat_final(reply, done, probs, content=Unsplit(thinking).feed(done.text))
         else:
             res = shapes.chat_final(reply, done, probs)
         self._verbose(res, lambda: self.native(reply, done, tokens, probs=probs))

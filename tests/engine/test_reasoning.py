@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localfab.chat.templates import ChatTemplate, template_thinking
-from localfab.engine.reasoning import ReasoningSplit, Thinking, split_reasoning
+from localfab.engine.reasoning import ReasoningSplit, Thinking, Unsplit, split_reasoning
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -119,3 +119,16 @@ def test_the_block_streams_as_it_comes_and_holds_back_only_a_possible_tag() -> N
     assert split.feed(", step two </th") == [("reasoning", ", step two ")]
     assert split.feed("ink>\n\nThe answer") == [("content", "The answer")]
     assert split.finish() == []
+
+
+def test_a_reply_left_whole_is_what_llama_server_leaves() -> None:
+    # reasoning_format none: llama-server's content starts with the block the prompt opened and
+    # drops the reply's leading whitespace; a chunking changes nothing.
+    for thinking, reply, content in [
+        (QWEN3, "\n<think>x</think>y", "<think>x</think>y"),
+        (R1, "\nPlan.\n</think>\n\nDone.", "<think>\n\nPlan.\n</think>\n\nDone."),
+        (R1, "  Plan.", "<think>\n  Plan."),
+    ]:
+        assert Unsplit(thinking).feed(reply) == content
+        whole = Unsplit(thinking)
+        assert "".join(whole.feed(c) for c in reply) == content

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,9 @@ import pytest
 
 from localfab.commands.serve import DEFAULT_CACHE_RAM_MIB, cache_ram_limit
 from localfab.errors import UsageError
-from localfab.server import ServerSettings, create_app
-from localfab.server.runner import BackgroundServer
+from localfab.server import ServerSettings
 from localfab.units import MiB
+from tests.serverproc import serve_in_process
 
 CHAT_A = "The lighthouse keeper climbed the spiral stairs every evening to light the lamp. " * 6
 CHAT_B = "Bread dough rises best in a warm kitchen, covered with a damp cloth. " * 6
@@ -30,16 +29,7 @@ def serve(
     settings = ServerSettings(
         n_parallel=1, metrics=True, cache_ram=cache_ram, cache_disk=cache_disk
     )
-    server = BackgroundServer(create_app(loaded, settings)).start()
-    try:
-        deadline = time.monotonic() + 60
-        while httpx.get(server.url + "/health").status_code != 200:
-            assert time.monotonic() < deadline, "the server never became ready"
-            time.sleep(0.05)
-        yield server.url
-    finally:
-        server.stop()
-        loaded.close()
+    yield from serve_in_process(loaded, settings)
 
 
 @pytest.fixture(scope="module")

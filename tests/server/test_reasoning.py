@@ -7,7 +7,6 @@ distill's) and a grammar makes it write a block and an answer."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,8 @@ import pytest
 
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.templates import ChatTemplate
-from localfab.server import ServerSettings, create_app
-from localfab.server.runner import BackgroundServer
+from localfab.server import ServerSettings
+from tests.serverproc import serve_in_process
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "engine" / "templates"
 FORCED = 'root ::= "<think>\\nPlan it step by step.\\n</think>\\n\\nDone."'
@@ -32,16 +31,7 @@ def serve(model_path: Path, template: str, **settings: Any) -> Iterator[str]:
     loaded = load_model(model_path, EngineSettings(n_ctx=1024, n_batch=512))
     source = (TEMPLATES / template).read_text(encoding="utf-8")
     loaded.prompts = PromptBuilder(loaded.engine, ChatTemplate(source, "gguf"))
-    server = BackgroundServer(create_app(loaded, ServerSettings(**settings))).start()
-    try:
-        deadline = time.monotonic() + 60
-        while httpx.get(server.url + "/health").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        yield server.url
-    finally:
-        server.stop()
-        loaded.close()
+    yield from serve_in_process(loaded, ServerSettings(**settings))
 
 
 @pytest.fixture(scope="module")
