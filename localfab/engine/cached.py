@@ -39,6 +39,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def begins_with(tokens: Sequence[int], head: Sequence[int]) -> bool:
+    """Whether `tokens` begin with all of `head` (a kept state holding `head` and more)."""
+    return len(tokens) >= len(head) and common_prefix(tokens, head) == len(head)
+
+
 def worth_taking(lcp: int, n_kept: int, best: int) -> bool:
     """Whether a kept state of `n_kept` tokens sharing `lcp` with the prompt beats `best` (what
     the sequence or a better state already gives) and keeps at least `MIN_KEEP` of itself."""

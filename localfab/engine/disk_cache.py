@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localfab.engine.cached import MIN_TOKENS, CachedPrompt, common_prefix, worth_taking
+from localfab.engine.cached import (
+    MIN_TOKENS,
+    CachedPrompt,
+    begins_with,
+    common_prefix,
+    worth_taking,
+)
 
 if TYPE_CHECKING:
     from localfab.engine.types import EngineSettings
@@ -265,16 +271,14 @@ class DiskCache:
 
     def covered(self, tokens: Sequence[int]) -> bool:
         """Whether a file already holds `tokens` (or a longer prompt beginning with them)."""
-        n = len(tokens)
-        return any(
-            len(e.tokens) >= n and common_prefix(e.tokens, tokens) == n for e in self.entries()
-        )
+        return any(begins_with(e.tokens, tokens) for e in self.entries())
 
-    def store(self, tokens: Sequence[int], state: bytes | bytearray) -> int:
+    def store(self, tokens: Sequence[int], state: bytes | bytearray, *, new: bool = False) -> int:
         """Write a state file for `tokens` (crash-safe: a temporary file renamed into place),
         drop the files it extends and the least recently used ones over the limit; the bytes
-        written, 0 when nothing was (already there, over the limit, or a write error: noted)."""
-        if len(tokens) < MIN_TOKENS or self.covered(tokens):
+        written, 0 when nothing was (already there, over the limit, or a write error: noted).
+        `new`: the caller has just seen that no file holds them (the folder is not listed again)."""
+        if len(tokens) < MIN_TOKENS or (not new and self.covered(tokens)):
             return 0
         pieces = encode(self.key, tokens, state)
         size = sum(len(p) for p in pieces)
@@ -307,8 +311,7 @@ class DiskCache:
     def _drop_extended(self, tokens: Sequence[int], keep: Path) -> None:
         """Files of shorter prompts that `tokens` begins with: the new file holds them too."""
         for e in self.entries():
-            n = len(e.tokens)
-            if e.path != keep and n <= len(tokens) and common_prefix(e.tokens, tokens) == n:
+            if e.path != keep and begins_with(tokens, e.tokens):
                 with suppress(OSError):
                     e.path.unlink()
 

@@ -332,7 +332,7 @@ class KVCache:
         cache = self.prompt_cache
         if cache is None or cache.on_disk(self.cached, slack):
             return 0
-        return cache.store(self.cached, self.save_state())
+        return cache.store(self.cached, self.save_state(), new=True)
 
     def clear(self) -> None:
         self._wipe()

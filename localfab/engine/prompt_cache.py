@@ -22,6 +22,7 @@ from localfab.engine.cached import (
     MIN_KEEP,
     MIN_TOKENS,
     CachedPrompt,
+    begins_with,
     common_prefix,
     worth_taking,
 )
@@ -131,10 +132,7 @@ class PromptCache:
         if not self.enabled or len(tokens) < MIN_TOKENS:
             return False
         with self._lock:
-            return not any(
-                len(e.tokens) >= len(tokens) and common_prefix(e.tokens, tokens) == len(tokens)
-                for e in self.entries
-            )
+            return not any(begins_with(e.tokens, tokens) for e in self.entries)
 
     def put(self, tokens: Sequence[int], state: bytearray) -> None:
         """Keep `state` (of a sequence holding `tokens`); states it extends leave, and the
@@ -146,14 +144,7 @@ class PromptCache:
             return
         entry = CachedPrompt(tuple(tokens), state)
         with self._lock:
-            self.entries = [
-                e
-                for e in self.entries
-                if not (
-                    len(e.tokens) <= len(entry.tokens)
-                    and common_prefix(e.tokens, entry.tokens) == len(e.tokens)
-                )
-            ]
+            self.entries = [e for e in self.entries if not begins_with(entry.tokens, e.tokens)]
             self.entries.append(entry)
             self.stats.saved += 1
             while self.limit is not None and self.nbytes > self.limit and len(self.entries) > 1:
@@ -210,13 +201,13 @@ class PromptCache:
         n = max(0, len(tokens) - slack)
         return self.disk is None or n < MIN_TOKENS or self.disk.covered(tokens[:n])
 
-    def store(self, tokens: Sequence[int], state: bytearray) -> int:
+    def store(self, tokens: Sequence[int], state: bytearray, *, new: bool = False) -> int:
         """Write `state` to the disk tier now (an app quitting, `run` ending); the bytes
-        written (0: none)."""
+        written (0: none). `new`: `on_disk` has just said no file holds it."""
         if self.disk is None:
             return 0
         self.flush()
-        n = self.disk.store(tokens, state)
+        n = self.disk.store(tokens, state, new=new)
         self.stats.disk_written += n > 0
         return n
 
