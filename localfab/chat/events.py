@@ -43,6 +43,9 @@ class Reply:
     shifts: tuple[Shifted, ...]
     timings: Timings  # of the first piece: its TTFT is the turn's TTFT
     pieces: tuple[Done, ...] = field(default_factory=tuple)
+    # A thinking model's thought (not in `text`) and the tokens it took, its tags included.
+    reasoning: str = ""
+    reasoning_tokens: int = 0
 
     @property
     def completion_tokens(self) -> int:

@@ -379,8 +379,12 @@ class History:
         *,
         status: str | None = None,
         continues: int | None = None,
+        reasoning: str | None = None,
     ) -> None:
         sets, args = ["content=?", "updated=?"], [content, time.time()]
+        if reasoning is not None:
+            sets.append("reasoning=?")
+            args.append(reasoning)
         if status is not None:
             sets.append("status=?")
             args.append(status)

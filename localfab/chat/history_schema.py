@@ -109,6 +109,7 @@ class StoredMessage:
     parent_id: int | None = None
     version: int = 1  # this message's place among its siblings (versions), from 1
     versions: int = 1  # how many versions its place in the conversation has
+    reasoning: str = ""  # a thinking model's thought before its answer (`content`)
 
 
 # A message's columns as StoredMessage holds them (`m` is the messages table), with its version
@@ -118,7 +119,7 @@ STORED_COLUMNS = (
     "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
     "AND s.session_id=m.session_id AND s.seq<=m.seq), "
     "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
-    "AND s.session_id=m.session_id)"
+    "AND s.session_id=m.session_id), m.reasoning"
 )
 # The current path of session ?: (id, depth) from its leaf (depth 0) up to the root.
 PATH = (
@@ -158,7 +159,9 @@ def add_full_text(db: sqlite3.Connection) -> None:
 # Each entry moves the schema from version i to i + 1: statements separated by ";", or a
 # function of the connection for a migration whose statements hold ";" themselves (triggers).
 Migration = str | Callable[[sqlite3.Connection], None]
-MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, add_full_text, add_versions)
+# Schema 4: a thinking model's reasoning, kept apart from the answer in `content`.
+ADD_REASONING = "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''"
+MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, add_full_text, add_versions, ADD_REASONING)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

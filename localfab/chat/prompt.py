@@ -1,11 +1,11 @@
 """Turning messages into prompt tokens with the model's chat template.
 
-Message contents are text, never control tokens: a user who types `<start_of_turn>system` must
-not open a turn. So the template is rendered once with a marker in place of each message's
-content; the template's own text between the markers is tokenized with special tokens parsed,
-and each content without. Where the template changes a content in a way that cannot be located
-(anything beyond trimming whitespace), the whole text is tokenized, which is only allowed when no
-content holds a control token's text.
+Message contents (and an assistant's reasoning) are text, never control tokens: a user who
+types `<start_of_turn>system` must not open a turn. So the template is rendered once with a
+marker in place of each message's content (and reasoning); the template's own text between the
+markers is tokenized with special tokens parsed, and each content without. Where the template
+changes a content in a way that cannot be located (anything beyond trimming whitespace), the
+whole text is tokenized, which is only allowed when no content holds a control token's text.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from localfab.chat.templates import ChatTemplate, resolve_template
+from localfab.chat.thinking import template_thinking
+from localfab.engine.reasoning import Thinking
 from localfab.errors import UsageError
 
 # Stands in for a message's content while rendering, to find where the content goes.
@@ -116,7 +118,7 @@ class PromptBuilder:
             )
 
         text = render(messages)
-        skeleton = render([{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)])
+        skeleton = render(_marked(messages))
         layout = self._layout(messages, skeleton, text)
         tokens = None if layout is None else self._assemble(messages, *layout, pinned or {})
         if tokens is None:
@@ -133,12 +135,12 @@ class PromptBuilder:
         parts = _MARKS.split(skeleton)
         fragments = parts[0::2]
         order = [int(i) for i in parts[1::2]]
-        if any(i >= len(messages) for i in order) or not text.startswith(fragments[0]):
+        if any(i >= 2 * len(messages) for i in order) or not text.startswith(fragments[0]):
             return None
         placed: list[str] = []
         pos = len(fragments[0])
         for k, i in enumerate(order):
-            content = str(messages[i].get("content"))
+            content = _text_of(messages, i)
             after = fragments[k + 1]
             last = k == len(order) - 1
             variants = (content, content.strip(), content.lstrip(), content.rstrip())
@@ -176,7 +178,7 @@ class PromptBuilder:
                 # Pinned tokens spell their content (checked when they were pinned); where the
                 # template trims the content, only whitespace-only tokens at the ends may go.
                 span = list(pinned[i])
-                if shown != str(messages[i].get("content")):
+                if shown != _text_of(messages, i):
                     span = self._trim(span, shown)
             if span is None:
                 span = tokenize(shown, add_special=False, parse_special=False)
@@ -201,15 +203,22 @@ class PromptBuilder:
     def _whole(self, messages: Sequence[Mapping[str, Any]], text: str) -> list[int]:
         """The whole rendered text tokenized at once, if no content holds control tokens."""
         tokenize = self.engine.tokenize
-        for i, message in enumerate(messages):
-            content = str(message.get("content"))
+        for i in range(2 * len(messages)):
+            content = _text_of(messages, i)
             plain = tokenize(content, add_special=False, parse_special=False)
             if tokenize(content, add_special=False, parse_special=True) != plain:
+                i %= len(messages)
                 raise UsageError(
                     f"message {i} contains the text of a control token, which this chat "
                     "template would turn into a real one: remove it from the message"
                 )
         return self.encode(text)
+
+    def thinking_after(self, tokens: Sequence[int]) -> Thinking | None:
+        """How a reply after `tokens` (a prompt this builder made) thinks: the template's tags,
+        and whether the prompt's end opened the block (None: the template does not think)."""
+        tail = self.spelled(tokens[-8:]).decode("utf-8", errors="replace")
+        return template_thinking(self.template, tail)
 
     def spelled(self, tokens: Sequence[int]) -> bytes:
         """The exact bytes `tokens` stand for, control tokens as their text (no detokenizer
@@ -234,3 +243,24 @@ class PromptBuilder:
     def raw(self, text: str) -> list[int]:
         """Tokenize plain text with no template (BOS added as the model asks)."""
         return self.engine.tokenize(text, add_special=True, parse_special=False)
+
+
+def _marked(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with a marker for each content, and for each reasoning (numbered after
+    the contents): what the template writes of either is found in its text by these."""
+    n = len(messages)
+    out = []
+    for i, m in enumerate(messages):
+        marked = {**m, "content": _MARK.format(i)}
+        if m.get("reasoning_content"):
+            marked["reasoning_content"] = _MARK.format(n + i)
+        out.append(marked)
+    return out
+
+
+def _text_of(messages: Sequence[Mapping[str, Any]], i: int) -> str:
+    """Text number `i` of the messages: a content, or (past the contents) a reasoning."""
+    n = len(messages)
+    if i < n:
+        return str(messages[i].get("content"))
+    return str(messages[i - n].get("reasoning_content") or "")

@@ -12,12 +12,14 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from localfab.chat.events import FINISH_STATUS, ChatEvent, Continued, Reply, Shifted
 from localfab.chat.fitting import fit_turns
 from localfab.chat.history import History
 from localfab.chat.prompt import PromptBuilder
 from localfab.engine import ChatEngine, Done
+from localfab.engine.reasoning import Thinking
 from localfab.engine.types import GenerationOptions
 
 # How often a growing reply is written to disk: bounded write cost, bounded loss on a crash.
@@ -38,6 +40,7 @@ class _ReplyRun:
     pieces: list[Done] = field(default_factory=list)
     pending_events: list[Shifted] = field(default_factory=list)
     continues: int = 0
+    reasoning: list[str] = field(default_factory=list)  # a thinking model's thought so far
 
 
 class ReplyStreaming:
@@ -83,8 +86,10 @@ class ReplyStreaming:
         shifts: list[Shifted],
         last_user: int,
         prefix_text: str = "",
+        prefix_reasoning: str = "",
         reply_index: int | None = None,
         sibling_of: int | None = None,
+        raw: bool = False,
     ) -> Iterator[ChatEvent]:
         if reply_index is None:
             self.messages.append({"role": "assistant", "content": prefix_text})
@@ -96,13 +101,15 @@ class ReplyStreaming:
             shifts=shifts,
             last_flush=time.monotonic(),
         )
+        if prefix_reasoning:
+            run.reasoning.append(prefix_reasoning)
         run.reply_id = self._reply_row(reply_index, prefix_text, sibling_of)
         on_full = self._on_full(run, last_user, prefix_text)
         status = "interrupted"
+        thinking = options.thinking if raw else self._thinking(prompt, options)
+        piece = replace(options, on_context_full=on_full, thinking=thinking)
         try:
-            carry = b""
             while True:
-                piece = replace(options, on_context_full=on_full, carry=carry)
                 done = yield from self._piece(run, piece)
                 if not self._goes_on(run, done, options.cancel):
                     break
@@ -110,14 +117,25 @@ class ReplyStreaming:
                 yield Continued(run.continues, self.max_continues)
                 # The reply so far, token for token, is the prefilled assistant turn.
                 run.reply_tokens.extend(done.tokens)
-                carry = done.pending
+                piece = replace(piece, carry=done.pending, **_thought_goes_on(piece, done))
             status = FINISH_STATUS.get(run.pieces[-1].finish_reason, "complete")
             yield self._finished(run, prefix_text)
         finally:
             if run.reply_id is not None:
                 self.history.update_message(  # type: ignore[union-attr]
-                    run.reply_id, "".join(run.parts), status=status, continues=run.continues
+                    run.reply_id,
+                    "".join(run.parts),
+                    status=status,
+                    continues=run.continues,
+                    reasoning="".join(run.reasoning),
                 )
+
+    def _thinking(self, prompt: list[int], options: GenerationOptions) -> Thinking | None:
+        """How the reply to `prompt` thinks: as `options` say, else as the template's tags and
+        the prompt's end say (None: the template does not think)."""
+        if options.thinking is not None:
+            return options.thinking
+        return self.prompts.thinking_after(prompt)
 
     def _reply_row(self, reply_index: int, prefix_text: str, sibling_of: int | None) -> int | None:
         """The reply's row in the history: a continued reply's own, or a new one."""
@@ -178,7 +196,10 @@ class ReplyStreaming:
             if isinstance(event, Done):
                 done = event
                 break
-            if event.text:
+            if event.parts is not None:
+                for kind, text in event.parts:
+                    self._grow(run, text, reasoning=kind == "reasoning")
+            elif event.text:
                 self._grow(run, event.text)
             yield event
         while run.pending_events:
@@ -190,13 +211,21 @@ class ReplyStreaming:
         self.expected_cache = run.base_prompt + run.reply_tokens + in_cache
         return done
 
-    def _grow(self, run: _ReplyRun, text: str) -> None:
-        """Add text to the reply; write it to the history every FLUSH_SECONDS."""
-        run.parts.append(text)
-        self.messages[run.index]["content"] = "".join(run.parts)
+    def _grow(self, run: _ReplyRun, text: str, *, reasoning: bool = False) -> None:
+        """Add text to the reply (or to its thought); write it to the history every
+        FLUSH_SECONDS."""
+        message = self.messages[run.index]
+        if reasoning:
+            run.reasoning.append(text)
+            message["reasoning_content"] = "".join(run.reasoning)
+        else:
+            run.parts.append(text)
+            message["content"] = "".join(run.parts)
         now = time.monotonic()
         if run.reply_id is not None and now - run.last_flush >= FLUSH_SECONDS:
-            self.history.update_message(run.reply_id, "".join(run.parts))  # type: ignore[union-attr]
+            self.history.update_message(  # type: ignore[union-attr]
+                run.reply_id, "".join(run.parts), reasoning="".join(run.reasoning)
+            )
             run.last_flush = now
 
     def _goes_on(self, run: _ReplyRun, done: Done, cancel: threading.Event | None) -> bool:
@@ -221,6 +250,8 @@ class ReplyStreaming:
         if not prefix_text and generated and self.prompts.spelled(generated) == text.encode():
             self._pins[run.index] = (text, tuple(generated))
         return Reply(
+            reasoning="".join(run.reasoning),
+            reasoning_tokens=sum(p.reasoning_tokens for p in run.pieces),
             text=text,
             finish_reason=last.finish_reason,
             stop_type=last.stop_type,
@@ -229,3 +260,19 @@ class ReplyStreaming:
             timings=run.pieces[0].timings,
             pieces=tuple(run.pieces),
         )
+
+
+def _thought_goes_on(piece: GenerationOptions, done: Done) -> dict[str, Any]:
+    """What a continuation of `piece` asks of the split: a piece that ended inside the block
+    goes on inside it (with what is left of the budget), one that ended in the answer is all
+    answer."""
+    thinking = piece.thinking
+    if thinking is None:
+        return {}
+    if not done.in_reasoning:
+        return {"thinking": None}
+    budget = piece.reasoning_budget
+    return {
+        "thinking": replace(thinking, opened_by_prompt=True, prompt_tail="", start_gap=""),
+        "reasoning_budget": max(0, budget - done.reasoning_tokens) if budget >= 0 else budget,
+    }

@@ -18,6 +18,7 @@ reply (pieces, continuation, a shift mid-reply) in `replies`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from localfab.chat.events import FINISH_STATUS, ChatEvent, Continued, Reply, Shifted
 from localfab.chat.fitting import (
@@ -270,7 +271,7 @@ class ChatSession(ReplyStreaming):
         """Rebuild messages, window and KV cache from the stored current path."""
         assert self.history is not None and self.session_id is not None
         stored = self.history.messages(self.session_id)
-        self.messages = [{"role": m.role, "content": m.content} for m in stored]
+        self.messages = [_message(m) for m in stored]
         self._stored = {i: m.id for i, m in enumerate(stored)}
         # Pins hold for the same text only (checked where they are used); drop the rest.
         self._pins = {
@@ -313,6 +314,7 @@ class ChatSession(ReplyStreaming):
             options=options,
             shifts=[],
             last_user=len(self.messages) - 1,
+            raw=True,
         )
 
     def continue_reply(
@@ -323,14 +325,25 @@ class ChatSession(ReplyStreaming):
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise ValueError("there is no reply to continue")
         last_user = max(i for i, m in enumerate(self.messages) if m["role"] == "user")
-        prefix = self.messages[-1]["content"]
-        tokens = self._tokens(self.window_start, self.window(), continue_final=True)
+        last = self.messages[-1]
+        prefix, thought = last["content"], last.get("reasoning_content", "")
+        window = self.window()
+        thinking = None
+        if thought and not prefix:
+            # Cut while thinking: the prompt ends inside the block, and the thought goes on.
+            thinking = self.prompts.thinking_after(self.prompts.encode(""))
+            if thinking is not None:
+                opened = thinking.start + thinking.start_gap + thought
+                window[-1] = {"role": "assistant", "content": opened}
+                thinking = replace(thinking, opened_by_prompt=True, prompt_tail="", start_gap="")
+        tokens = self._tokens(self.window_start, window, continue_final=True)
         yield from self._reply(
             tokens,
-            options=options,
+            options=replace(options, thinking=thinking) if thinking else options,
             shifts=[],
             last_user=last_user,
             prefix_text=prefix,
+            prefix_reasoning=thought,
             reply_index=len(self.messages) - 1,
         )
 
@@ -362,3 +375,11 @@ class ChatSession(ReplyStreaming):
         )
         session._load_path()
         return session
+
+
+def _message(m: StoredMessage) -> dict[str, str]:
+    """A stored message as the template takes it (a thought as `reasoning_content`)."""
+    out = {"role": m.role, "content": m.content}
+    if m.reasoning:
+        out["reasoning_content"] = m.reasoning
+    return out

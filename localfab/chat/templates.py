@@ -22,7 +22,6 @@ from jinja2 import TemplateError, nodes
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
-from localfab.engine.reasoning import PROBE_CONTENT, PROBE_REASONING, Thinking, thinking_of
 from localfab.errors import UsageError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -446,7 +445,8 @@ def resolve_template(
 
 
 def validate_messages(messages: object) -> list[dict[str, str]]:
-    """Check a list of {role, content} messages; raise UsageError saying what is wrong."""
+    """Check a list of {role, content} messages (an assistant's may carry its
+    `reasoning_content`); raise UsageError saying what is wrong."""
     if not isinstance(messages, list) or not messages:
         raise UsageError("'messages' must be a non-empty array")
     out: list[dict[str, str]] = []
@@ -468,26 +468,12 @@ def validate_messages(messages: object) -> list[dict[str, str]]:
             content = "".join(texts)
         if not isinstance(content, str):
             raise UsageError(f"messages[{i}].content must be a string")
-        out.append({"role": role, "content": content})
+        item = {"role": role, "content": content}
+        # A thinking model's earlier reasoning: the template decides whether it is shown.
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise UsageError(f"messages[{i}].reasoning_content must be a string")
+        if reasoning and role == "assistant":
+            item["reasoning_content"] = reasoning
+        out.append(item)
     return out
-
-
-def template_thinking(template: ChatTemplate, generation_prompt: str) -> Thinking | None:
-    """How replies to `generation_prompt` (its end will do) think with `template` (None: not a
-    thinking template, or a built-in one); the whitespace it writes after its tags is read
-    from a rendered probe reply."""
-    if template.builtin:
-        return None
-    return thinking_of(template.source, generation_prompt, _probe(template))
-
-
-@functools.lru_cache(maxsize=16)
-def _probe(template: ChatTemplate) -> str:
-    """The template's rendering of a reply with a reasoning and a content ("" on failure)."""
-    reply = {"role": "assistant", "content": PROBE_CONTENT, "reasoning_content": PROBE_REASONING}
-    try:
-        return template.render(
-            [{"role": "user", "content": "U"}, reply], add_generation_prompt=False
-        )
-    except UsageError:
-        return ""

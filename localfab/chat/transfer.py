@@ -63,7 +63,10 @@ def export_markdown(history: History, session_id: int) -> str:
     if session.system:
         lines += ["", "## System", "", session.system]
     for m in history.messages(session_id):
-        lines += ["", f"## {_heading(m)}", "", m.content]
+        lines += ["", f"## {_heading(m)}", ""]
+        if m.reasoning:  # a thinking model's thought, folded as Markdown viewers fold it
+            lines += ["<details><summary>Thought</summary>", "", m.reasoning, "", "</details>", ""]
+        lines.append(m.content)
     return "\n".join(lines) + "\n"
 
 
@@ -72,8 +75,8 @@ def export_json(history: History, session_id: int) -> str:
     session = _stored(history, session_id)
     with history.read() as db:
         rows = db.execute(
-            "SELECT id, parent_id, role, content, status, continues, created, updated "
-            "FROM messages WHERE session_id=? ORDER BY seq",
+            "SELECT id, parent_id, role, content, status, continues, created, updated, "
+            "reasoning FROM messages WHERE session_id=? ORDER BY seq",
             (session_id,),
         ).fetchall()
         leaf = db.execute("SELECT leaf_id FROM sessions WHERE id=?", (session_id,)).fetchone()[0]
@@ -82,7 +85,9 @@ def export_json(history: History, session_id: int) -> str:
     messages = []
     for row in rows:
         message: dict[str, Any] = {"parent": place.get(row[1])}
-        message.update(zip(fields, row[2:], strict=True))
+        message.update(zip(fields, row[2:-1], strict=True))
+        if row[-1]:
+            message["reasoning"] = row[-1]
         messages.append(message)
     data = {
         "format": EXPORT_FORMAT,
@@ -165,7 +170,8 @@ def _parent(m: dict[str, Any], i: int, version: int) -> int | None:
 
 
 def _row(m: object, i: int, version: int, now: float) -> tuple[Any, ...]:
-    """(parent place, role, content, status, continues, created, updated) of message i."""
+    """(parent place, role, content, status, continues, created, updated, reasoning) of
+    message i."""
     if (
         not isinstance(m, dict)
         or m.get("role") not in IMPORT_ROLES
@@ -182,6 +188,9 @@ def _row(m: object, i: int, version: int, now: float) -> tuple[Any, ...]:
     if not isinstance(continues, int) or isinstance(continues, bool):
         continues = 0
     created = _time(m.get("created"), now)
+    reasoning = m.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise UsageError(f"message {i + 1} of the chat export has a reasoning that is not text")
     return (
         _parent(m, i, version),
         m["role"],
@@ -190,6 +199,7 @@ def _row(m: object, i: int, version: int, now: float) -> tuple[Any, ...]:
         min(max(continues, 0), MOST_CONTINUES),
         created,
         _time(m.get("updated"), created),
+        _text(reasoning, f"message {i + 1}") if reasoning else "",
     )
 
 
@@ -231,8 +241,9 @@ def import_json(history: History, text: str) -> int:
         for seq, (parent, *fields) in enumerate(rows):
             cur = db.execute(
                 "INSERT INTO messages (session_id, seq, parent_id, role, content, status, "
-                "continues, created, updated, chosen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (session_id, seq, None if parent is None else ids[parent], *fields, fields[-2]),
+                "continues, created, updated, reasoning, chosen) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, seq, None if parent is None else ids[parent], *fields, fields[4]),
             )
             ids.append(int(cur.lastrowid or 0))
         leaf = None if current is None else ids[current]

@@ -15,11 +15,10 @@ from localfab.commands.run_cache import keep_prompt, ready
 from localfab.commands.spec_flags import gather, spec_options, speculation
 from localfab.commands.thinking import (
     ThoughtStream,
+    budget_options,
     reasoning_option,
-    reply_thinking,
     template_file_option,
 )
-from localfab.engine.reasoning import Thinking, split_reasoning
 from localfab.errors import UsageError
 from localfab.textsafe import json_controls, visible_controls
 from localfab.units import KV_CACHE_TYPES, usage
@@ -38,7 +37,13 @@ KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 # The options `run` receives together, as one mapping each (see `gather`).
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 LOAD_FLAGS = ("ctx_size", "n_gpu_layers", "cache_type_k", "cache_type_v", "flash_attn", "threads")
-THINK_FLAGS = ("reasoning", "hide_thinking", "chat_template_file")
+THINK_FLAGS = (
+    "reasoning",
+    "hide_thinking",
+    "chat_template_file",
+    "reasoning_budget",
+    "reasoning_budget_message",
+)
 
 
 def setup_logging(verbose: int) -> None:
@@ -132,6 +137,7 @@ def read_prompt(words: tuple[str, ...]) -> str:
     "config prompt_cache, on; only prompts of 512 tokens or more are kept).",
 )
 @reasoning_option
+@budget_options
 @template_file_option(exists=False)  # a missing file: localfab's own clear error
 @click.option(
     "--hide-thinking",
@@ -173,7 +179,6 @@ def run(
     """
     from localfab.chat.session import ChatSession
     from localfab.config import Config, default_paths
-    from localfab.engine.types import GenerationOptions
     from localfab.machine.energy import Energy
 
     setup_logging(verbose)
@@ -189,17 +194,16 @@ def run(
     # An explicit -n is a hard cap, as in llama.cpp; only the configured default limit is
     # continued automatically, unless --max-continues asks for it too.
     continues = _pick(max_continues, config.max_continues if max_tokens is None else 0)
-    sampling = _sampling(config, sampling_flags)
-    options = GenerationOptions(_pick(max_tokens, config.max_tokens), sampling, stop)
+    options = _options(config, max_tokens, stop, sampling_flags, think_flags)
     session = ChatSession(
         loaded.engine, loaded.prompts, system=None if raw else system, max_continues=continues
     )
-    tokens, events, thinking = _start(session, loaded.prompts, text, options, raw, system)
+    tokens, events = _start(session, loaded.prompts, text, options, raw, system)
     writer, ledger, recorder = _recorder(config, paths, model, choice.plan, choice.path, no_ledger)
     events = recorder.wrap(events, prompt_tokens=len(tokens))
-    reply = _stream(events, as_json, verbose, thinking, hide=think_flags["hide_thinking"])
+    reply = _stream(events, as_json, verbose, hide=think_flags["hide_thinking"])
     energy = recorder.energy or Energy(None, "", "not measured")
-    _report(reply, model, len(tokens), energy, as_json=as_json, thinking=thinking)
+    _report(reply, model, len(tokens), energy, as_json=as_json)
     if verbose:
         past = speculative is not None and loaded.engine.speculation_batch_past > 1
         _report_timings(reply, energy, drafts=speculative is not None, past=past)
@@ -209,6 +213,25 @@ def run(
     loaded.close()
 
 
+def _options(
+    config: Config,
+    max_tokens: int | None,
+    stop: tuple[str, ...],
+    sampling_flags: dict[str, Any],
+    think_flags: dict[str, Any],
+) -> GenerationOptions:
+    """What the reply asks for: the token limit, the sampler, stops and the reasoning budget."""
+    from localfab.engine.types import GenerationOptions
+
+    return GenerationOptions(
+        _pick(max_tokens, config.max_tokens),
+        _sampling(config, sampling_flags),
+        stop,
+        reasoning_budget=think_flags["reasoning_budget"],
+        reasoning_budget_message=think_flags["reasoning_budget_message"],
+    )
+
+
 def _start(
     session: ChatSession,
     prompts: PromptBuilder,
@@ -216,14 +239,15 @@ def _start(
     options: GenerationOptions,
     raw: bool,
     system: str | None,
-) -> tuple[list[int], Iterator[ChatEvent], Thinking | None]:
-    """The prompt's tokens, the reply's events and how the reply thinks: a chat turn, or with
-    --raw the text (after the system prompt, if any) as it is (no thinking then)."""
+) -> tuple[list[int], Iterator[ChatEvent]]:
+    """The prompt's tokens and the reply's events: a chat turn (a thinking template's reply
+    split into thought and answer), or with --raw the text (after the system prompt, if any)
+    as it is."""
     if raw:
         tokens = prompts.raw(text if system is None else f"{system}\n\n{text}")
-        return tokens, session.complete(tokens, options), None
+        return tokens, session.complete(tokens, options)
     tokens = prompts.tokens(session.window() + [{"role": "user", "content": text}])
-    return tokens, session.send(text, options), reply_thinking(prompts, session.engine, tokens)
+    return tokens, session.send(text, options)
 
 
 def _plan(
@@ -312,20 +336,16 @@ def _report(
     energy: Energy,
     *,
     as_json: bool,
-    thinking: Thinking | None = None,
 ) -> None:
     """End the streamed text, or write the one JSON object `--json` asks for (a thinking
     model's thought in `reasoning_content`, its answer in `text`)."""
     out = sys.stdout
     last = reply.pieces[-1]
     if as_json:
-        thought, text = (
-            ("", reply.text) if thinking is None else split_reasoning(reply.text, thinking)
-        )
         result = {
             "model": model,
-            "text": text,
-            **({"reasoning_content": thought} if thought else {}),
+            "text": reply.text,
+            **({"reasoning_content": reply.reasoning} if reply.reasoning else {}),
             "finish_reason": reply.finish_reason,
             "stop_type": reply.stop_type,
             "stopping_word": last.stopping_word,
@@ -374,7 +394,6 @@ def _stream(
     events: Iterator[ChatEvent],
     as_json: bool,
     verbose: int,
-    thinking: Thinking | None = None,
     *,
     hide: bool = False,
 ) -> Reply:
@@ -390,7 +409,7 @@ def _stream(
         out.write(shown(text))
         out.flush()
 
-    stream = ThoughtStream(thinking, answer, hide=hide or as_json, shown=visible_controls)
+    stream = ThoughtStream(answer, hide=hide or as_json, shown=visible_controls)
     reply: Reply | None = None
     for event in events:
         if isinstance(event, Reply):
@@ -404,8 +423,8 @@ def _stream(
                 )
         elif isinstance(event, Shifted):
             click.echo(f"\nlocalfab: {event.describe()}", err=True)
-        elif event.text and not as_json:
-            stream.write(event.text)
+        elif not as_json:
+            stream.write(event)
     stream.end()
     assert reply is not None
     return reply

@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.commands.spec_flags import spec_options, speculation
-from localfab.commands.thinking import reasoning_option, template_file_option, use_template_file
+from localfab.commands.thinking import (
+    budget_options,
+    reasoning_option,
+    template_file_option,
+    use_template_file,
+)
 from localfab.engine.prompt_cache import DEFAULT_LIMIT
 from localfab.errors import ModelError, UsageError
 from localfab.units import KV_CACHE_TYPES, MiB
@@ -117,6 +122,14 @@ def is_loopback(host: str) -> bool:
     "delta.reasoning_content (auto, deepseek, deepseek-legacy), or left in content (none).",
 )
 @reasoning_option
+@budget_options
+@click.option(
+    "--reasoning-effort",
+    default="default",
+    show_default=True,
+    help="The template's reasoning_effort variable (gpt-oss and others): minimal, low, medium, "
+    "high... (default: the template's own).",
+)
 @template_file_option(exists=True)
 @click.option(
     "--chat-template-kwargs",
@@ -325,6 +338,9 @@ def _settings(
         cache_disk=cache_disk(options["cache_disk"]),
         reasoning_format=options["reasoning_format"],
         reasoning=options["reasoning"],
+        reasoning_budget=options["reasoning_budget"],
+        reasoning_budget_message=options["reasoning_budget_message"],
+        reasoning_effort=options["reasoning_effort"],
         chat_template_kwargs=template_kwargs(options["chat_template_kwargs"]),
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],

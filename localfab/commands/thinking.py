@@ -4,13 +4,13 @@ answer on stdout, and what a reply's template thinks in."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from localfab.engine.reasoning import ReasoningSplit, Thinking
+from localfab.engine.types import TokenEvent
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -26,6 +26,24 @@ reasoning_option = click.option(
 )
 
 
+def budget_options(f: Any) -> Any:
+    """--reasoning-budget and --reasoning-budget-message, as llama-server's."""
+    f = click.option(
+        "--reasoning-budget-message",
+        default="",
+        help="Written before the closing tag when the reasoning budget closes the block "
+        "(e.g. ' Time to answer.').",
+    )(f)
+    return click.option(
+        "--reasoning-budget",
+        type=click.IntRange(min=-1),
+        default=-1,
+        show_default=True,
+        help="Tokens a thinking model may think before its block is closed and the answer "
+        "begins (0: answer at once, -1: no limit).",
+    )(f)
+
+
 def template_file_option(*, exists: bool) -> Callable[[Any], Any]:
     return click.option(
         "--chat-template-file",
@@ -33,15 +51,6 @@ def template_file_option(*, exists: bool) -> Callable[[Any], Any]:
         default=None,
         help="Use this Jinja chat template instead of the model's (as llama-server).",
     )
-
-
-def reply_thinking(prompts: Any, engine: Any, tokens: Sequence[int]) -> Thinking | None:
-    """How the reply to `tokens` thinks: the template's tags, and whether the prompt's end
-    opened the block (None: a template that does not think, or a built-in one)."""
-    from localfab.chat.templates import template_thinking
-
-    tail = engine.detokenize(list(tokens[-8:]), special=True)
-    return template_thinking(prompts.template, tail)
 
 
 def use_template_file(loaded: Any, path: Path | None) -> None:
@@ -69,37 +78,29 @@ def set_reasoning(prompts: Any, reasoning: str) -> None:
 
 class ThoughtStream:
     """Writes a reply's text as it streams: the answer through `write_answer` (stdout), the
-    thought to stderr, dimmed on a terminal, unless `hide`; without `thinking`, all of it is
-    the answer."""
+    thought to stderr, dimmed on a terminal, unless `hide`. The reply's events say which is
+    which (`TokenEvent.parts`; without them all of the text is the answer)."""
 
     def __init__(
         self,
-        thinking: Thinking | None,
         write_answer: Callable[[str], None],
         *,
         hide: bool = False,
         shown: Callable[[str], str] = str,
     ) -> None:
-        self.split = None if thinking is None else ReasoningSplit(thinking)
         self.write_answer = write_answer
         self.hide = hide
         self.shown = shown
         self.err = sys.stderr
         self._thought_open = False
 
-    def write(self, text: str) -> None:
-        if self.split is None:
-            self.write_answer(text)
+    def write(self, event: TokenEvent) -> None:
+        if event.parts is None:
+            if event.text:
+                self._close_thought()
+                self.write_answer(event.text)
             return
-        self._pieces(self.split.feed(text))
-
-    def end(self) -> None:
-        if self.split is not None:
-            self._pieces(self.split.finish())
-        self._close_thought()
-
-    def _pieces(self, pieces: Sequence[tuple[str, str]]) -> None:
-        for kind, text in pieces:
+        for kind, text in event.parts:
             if kind == "reasoning":
                 if not self.hide:
                     dim = self.err.isatty()
@@ -109,6 +110,9 @@ class ThoughtStream:
             else:
                 self._close_thought()
                 self.write_answer(text)
+
+    def end(self) -> None:
+        self._close_thought()
 
     def _close_thought(self) -> None:
         if self._thought_open:

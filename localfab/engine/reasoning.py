@@ -13,8 +13,9 @@ tests): the tags go; so does the whitespace the template itself writes after eac
 one newline after `<think>`, two after `</think>`), and, where the reply may open a block,
 whitespace before it; a block of whitespace only is no reasoning. Where the prompt opened the
 block, what the prompt wrote after the tag (DeepSeek-R1's newline) starts the reasoning, as in
-llama-server. A tag cut over two pieces of text is held back until it is whole, so every
-chunking of a reply splits into the same two strings; a block never closed stays reasoning.
+llama-server, unless the template writes the same after the tag in a reply it renders. A tag
+cut over two pieces of text is held back until it is whole, so every chunking of a reply splits
+into the same two strings; a block never closed stays reasoning.
 """
 
 from __future__ import annotations
@@ -98,7 +99,10 @@ class ReasoningSplit:
         self.start, self.end = thinking.start, thinking.end
         # "before": the reply has not shown whether it opens a block; "reasoning", "content".
         self.state = "reasoning" if thinking.opened_by_prompt else "before"
-        self._held = thinking.prompt_tail if thinking.opened_by_prompt else ""
+        # What the prompt wrote after the tag it opened begins the reasoning (DeepSeek-R1's
+        # newline), unless it is the whitespace the template itself writes after that tag.
+        tail = thinking.prompt_tail
+        self._held = tail if thinking.opened_by_prompt and tail != thinking.start_gap else ""
         self._gap = ""  # the whitespace the template writes after the last tag, still to drop
         self.reasoning = ""
         self.content = ""
@@ -108,7 +112,7 @@ class ReasoningSplit:
         self._held += text
         while self._held and self._step(out, final=False):
             pass
-        return _merged(out)
+        return merged(out)
 
     def finish(self) -> list[tuple[Kind, str]]:
         """The end of the reply: what was held back, as what it is (an unclosed block stays
@@ -122,7 +126,7 @@ class ReasoningSplit:
             elif self.reasoning or self._held.strip():
                 self._give(out, "reasoning", self._held)
         self._held = ""
-        return _merged(out)
+        return merged(out)
 
     # --- one step of the state machine: False when it must wait for more text --------------------
 
@@ -213,7 +217,7 @@ def _tail_that_may_start(text: str, tag: str) -> int:
     return 0
 
 
-def _merged(pieces: list[tuple[Kind, str]]) -> list[tuple[Kind, str]]:
+def merged(pieces: list[tuple[Kind, str]]) -> list[tuple[Kind, str]]:
     out: list[tuple[Kind, str]] = []
     for kind, text in pieces:
         if out and out[-1][0] == kind:

@@ -26,6 +26,7 @@ import numpy as np
 
 from localfab.engine.sampling import GuardedSampler, is_fast_greedy
 from localfab.engine.text import StopMatcher, Utf8Stream
+from localfab.engine.thought import ThoughtStep
 from localfab.engine.types import (
     ContextFull,
     Done,
@@ -122,6 +123,24 @@ def make_room(kv: KVCache, on_context_full: ContextFull | None, generated: list[
     return True
 
 
+def new_thought(engine: Handle, opts: GenerationOptions) -> ThoughtStep | None:
+    """The split (and budget) of a thinking model's reply; None without `opts.thinking`."""
+    thinking = opts.thinking
+    if thinking is None:
+        return None
+    forced: list[int] = []
+    # A grammar decides the whole reply, its block included: no token is forced past it.
+    if opts.reasoning_budget >= 0 and not opts.sampling.grammar:
+        # As llama-server: the message's tokens, then the closing tag's (each tokenized alone).
+        message = opts.reasoning_budget_message
+        if message:
+            forced = engine.tokenize(message, add_special=False, parse_special=True)
+        forced += engine.tokenize(thinking.end, add_special=False, parse_special=True)
+    tail = thinking.prompt_tail
+    n_tail = len(engine.tokenize(tail, add_special=False, parse_special=True)) if tail else 0
+    return ThoughtStep(thinking, opts.reasoning_budget, forced, n_tail=n_tail)
+
+
 def cancelled_before_first(kv: KVCache, n_reused: int, t_start: float, n_prompt: int) -> Done:
     """The Done of a generation cancelled before its first token (while its prompt ran)."""
     timings = Timings(
@@ -177,6 +196,7 @@ class ReplyState:
         self.eog: np.ndarray[Any, np.dtype[Any]] | None = None
         if sampler is None and opts.sampling.ignore_eos:
             self.eog = np.array(engine.eog_tokens())
+        self.thought = new_thought(engine, opts)
 
     def pick(self, logits: Logits, row: int = -1) -> int:
         """The next token from `logits`, output `row` of the last batch (-1: the last)."""
@@ -193,7 +213,9 @@ class ReplyState:
         """Sample at one position and take the token; None when it ends the reply (eos)."""
         n_probs = self.n_probs
         ranked = rank(logits, n_probs, self.token_bytes) if self.raw_probs else None
-        tok = self.pick(logits, row)
+        thought = self.thought
+        forced = None if thought is None else thought.forced()
+        tok = self.pick(logits, row) if forced is None else forced
         generated = self.generated
         if not generated:
             self.t_first = time.perf_counter()
@@ -202,7 +224,10 @@ class ReplyState:
             return None
         sampler = self.sampler
         if sampler is not None:
-            sampler.accept(tok)
+            if forced is None:
+                sampler.accept(tok)
+            else:
+                sampler.accept_forced(tok)
         generated.append(tok)
         piece = self.token_bytes(tok)
         text = self.stops.feed(self.utf8.feed(piece))
@@ -215,7 +240,10 @@ class ReplyState:
         elif n_probs > 0:
             assert sampler is not None  # post_sampling_probs: a readable one (see new_sampler)
             probs = post_probs(sampler, n_probs, tok, piece, self.token_bytes)
-        return TokenEvent(tok, text, probs)
+        if thought is None:
+            return TokenEvent(tok, text, probs)
+        parts = thought.take(text, whole=not self.utf8.pending())
+        return TokenEvent(tok, text, probs, parts)
 
     def ended(self) -> bool:
         """After a token was passed on: whether a stop string, a cancel or max_tokens ends
@@ -241,11 +269,15 @@ class ReplyState:
         pending = b""
         if finish == "length" and stop_type == "limit":
             pending = utf8.pending()  # a continuation may complete the character
+        tail = ""
         if stops.matched is None:
             tail = stops.feed("" if pending else utf8.flush()) + stops.flush()
             if tail:
                 self.parts.append(tail)
-                events.append(TokenEvent(generated[-1] if generated else -1, tail))
+        thought = self.thought
+        parts = None if thought is None else thought.finish(tail)
+        if tail or parts:
+            events.append(TokenEvent(generated[-1] if generated else -1, tail, None, parts))
         t_end = time.perf_counter()
         t_first = self.t_first or t_end
         timings = Timings(
@@ -274,5 +306,15 @@ class ReplyState:
             stopping_word=stops.matched or "",
             pending=pending,
         )
+        if thought is not None:
+            split = thought.split
+            done = replace(
+                done,
+                reasoning=split.reasoning,
+                content=split.content,
+                reasoning_tokens=thought.n_reasoning,
+                budget_hit=thought.budget_hit,
+                in_reasoning=split.state == "reasoning",
+            )
         events.append(done)
         return events

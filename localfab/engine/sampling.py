@@ -229,6 +229,12 @@ class GuardedSampler:
         if self.chain is not None and not self._native:  # the native path accepted it
             lc.llama_sampler_accept(self.chain, token)
 
+    def accept_forced(self, token: int) -> None:
+        """Record a token chosen without sampling (the reasoning budget's closing tag): the
+        chain's penalties see it too (there is no grammar then, see `reply.new_thought`)."""
+        if self.chain is not None:
+            lc.llama_sampler_accept(self.chain, token)
+
     def close(self) -> None:
         for attr in ("grammar", "chain"):
             smpl = getattr(self, attr)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from localfab.engine.reasoning import Thinking
 from localfab.errors import UsageError
 from localfab.units import KV_CACHE_TYPES, SAMPLING, completion_tokens, usage
 
@@ -221,6 +222,13 @@ class GenerationOptions:
     carry: bytes = b""
     n_probs: int = 0
     post_sampling_probs: bool = False
+    # A thinking template's tags: the reply's text is split into reasoning and answer as it
+    # comes (TokenEvent.parts, Done.reasoning / Done.content), and with `reasoning_budget` >= 0
+    # the block is closed after that many tokens (`reasoning_budget_message` before the
+    # closing tag), as llama-server's --reasoning-budget. See `engine.thought`.
+    thinking: Thinking | None = None
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a list from a caller: keep the value immutable
@@ -323,6 +331,10 @@ class TokenEvent:
     token: int
     text: str
     probs: TokenProbs | None = None  # when the caller asked for n_probs
+    # With GenerationOptions.thinking: the text split so far, (kind, text) with kind
+    # "reasoning" or "content" (a tag cut over two tokens is held back until it is whole);
+    # None where the reply is not split (all of `text` is the answer).
+    parts: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -337,6 +349,18 @@ class Done:
     prompt_tokens: int
     stopping_word: str = ""
     pending: bytes = b""  # an incomplete UTF-8 character at the end, for a continuation
+    # With GenerationOptions.thinking: `text` split into the reasoning and the answer, the
+    # tokens the reasoning took (its tags included) and whether the budget closed the block.
+    reasoning: str | None = None
+    content: str = ""
+    reasoning_tokens: int = 0
+    budget_hit: bool = False
+    in_reasoning: bool = False  # the reply ended inside its block (a continuation goes on there)
+
+    @property
+    def answer(self) -> str:
+        """The reply without its reasoning (the whole text where it was not split)."""
+        return self.text if self.reasoning is None else self.content
 
     @property
     def completion_tokens(self) -> int:

@@ -10,18 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from localfab.chat.session import reply_room
-from localfab.chat.templates import template_thinking, validate_messages
+from localfab.chat.templates import validate_messages
+from localfab.chat.thinking import template_thinking
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect, Reasoning
 from localfab.server.errors import ApiError, api_error
-from localfab.server.params import Generation, parse_generation
+from localfab.server.params import Generation, number, parse_generation
 from localfab.server.plumbing import json_response, read_json
 from localfab.server.respond import MAX_RESULTS, Prompt, respond
 
@@ -131,12 +133,10 @@ async def chat_completions(server: Server, request: Request) -> Response:
             window.left_out["turns"],
             window.left_out["tokens"],
         )
-    dialect = Chat(
-        gen,
-        server.prompt_text,
-        verbose=server.verbose(gen),
-        reasoning=reasoning_split(server, body, window.tokens),
-    )
+    reasoning = reasoning_split(server, body, window.tokens)
+    if reasoning.thinking is not None:
+        gen = replace(gen, thinking=reasoning.thinking, **reasoning_budget(server, body))
+    dialect = Chat(gen, server.prompt_text, verbose=server.verbose(gen), reasoning=reasoning)
     return await respond(server, request, [Prompt(window.tokens, window)], gen, dialect)
 
 
@@ -152,6 +152,23 @@ def reasoning_split(server: Server, body: Mapping[str, Any], tokens: Sequence[in
         raise ApiError(f"Unknown reasoning format: {fmt}")
     tail = server.prompt_text(list(tokens[-8:]))
     return Reasoning(template_thinking(server.model.prompts.template, tail), fmt)
+
+
+def reasoning_budget(server: Server, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's reasoning budget as llama-server reads it: `reasoning_budget_tokens` (or
+    `thinking_budget_tokens`; -1 or absent: --reasoning-budget) and `reasoning_budget_message`
+    (absent: --reasoning-budget-message)."""
+    settings = server.settings
+    budget = number(
+        body, "reasoning_budget_tokens", "thinking_budget_tokens", default=-1, integer=True
+    )
+    message = body.get("reasoning_budget_message", settings.reasoning_budget_message)
+    if not isinstance(message, str):
+        raise ApiError("reasoning_budget_message must be a string")
+    return {
+        "reasoning_budget": settings.reasoning_budget if budget == -1 else budget,
+        "reasoning_budget_message": message,
+    }
 
 
 async def apply_template(server: Server, request: Request) -> Response:

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localfab.engine.reasoning import ReasoningSplit, Thinking, Unsplit, split_reasoning
-from localfab.engine.types import Done, TokenProbs
+from localfab.engine.reasoning import Thinking, Unsplit
+from localfab.engine.types import Done, TokenEvent, TokenProbs
 from localfab.server import shapes
 from localfab.server.jobs import Progress, Step
 from localfab.server.params import Generation
@@ -183,33 +183,23 @@ class Chat(Dialect):
         # Per result: the probabilities of tokens whose text is still held back.
         self._held: dict[int, list[tuple[int, TokenProbs]]] = {}
         self.reasoning = reasoning or Reasoning()
-        # Per result, while streaming: the split of its text into reasoning and answer (or,
-        # with reasoning_format none, the text as llama-server leaves it).
-        self._splits: dict[int, ReasoningSplit] = {}
+        # Per result, while streaming with reasoning_format none: the text as llama-server
+        # leaves it (the engine splits the others: TokenEvent.parts).
         self._unsplit: dict[int, Unsplit] = {}
 
-    def _split(self, index: int) -> ReasoningSplit | None:
-        thinking = self.reasoning.thinking
-        if thinking is None or not self.reasoning.splits():
-            return None
-        split = self._splits.get(index)
-        if split is None:
-            split = self._splits[index] = ReasoningSplit(thinking)
-        return split
-
-    def _deltas(self, index: int, text: str, *, end: bool = False) -> list[dict[str, Any]]:
-        """The stream's deltas for new text of one result (the split's pieces, or the text)."""
-        split = self._split(index)
-        if split is None:
-            thinking = self.reasoning.thinking
-            if thinking is not None:
-                text = self._unsplit.setdefault(index, Unsplit(thinking)).feed(text)
-            return [{"content": text}] if text else []
-        pieces = split.feed(text) + (split.finish() if end else [])
-        return [
-            {"reasoning_content" if kind == "reasoning" else "content": piece}
-            for kind, piece in pieces
-        ]
+    def _deltas(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
+        """The stream's deltas for one event of one result (the split's pieces, or the text)."""
+        reasoning = self.reasoning
+        if reasoning.splits():
+            return [
+                {"reasoning_content" if kind == "reasoning" else "content": piece}
+                for kind, piece in event.parts or ()
+            ]
+        text = event.text
+        thinking = reasoning.thinking
+        if thinking is not None and text:
+            text = self._unsplit.setdefault(index, Unsplit(thinking)).feed(text)
+        return [{"content": text}] if text else []
 
     def start(self, reply: shapes.ResultMeta) -> list[dict[str, Any]]:
         # The role chunk opens every chat stream; with progress it comes with each progress.
@@ -228,7 +218,7 @@ class Chat(Dialect):
         held = self._held.setdefault(reply.index, [])
         if event.probs is not None:
             held.append((event.token, event.probs))
-        deltas = self._deltas(reply.index, event.text) if event.text else []
+        deltas = self._deltas(reply.index, event)
         for i, delta in enumerate(deltas):
             last = i == len(deltas) - 1
             out.append(shapes.chat_chunk(reply, delta, None, held if last else ()))
@@ -241,18 +231,18 @@ class Chat(Dialect):
     def stream_end(
         self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int]
     ) -> list[dict[str, Any]]:
-        tail = [shapes.chat_chunk(reply, d) for d in self._deltas(reply.index, "", end=True)]
         chunks = shapes.chat_final_chunks(reply, done, include_usage=self.gen.include_usage)
         self._verbose(chunks[0], lambda: self.native(reply, done, tokens, stream=True))
-        return tail + chunks
+        return chunks
 
     def final(
         self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int], probs: Probs
     ) -> dict[str, Any]:
         thinking = self.reasoning.thinking
-        if thinking is not None and self.reasoning.splits():
-            thought, answer = split_reasoning(done.text, thinking)
-            res = shapes.chat_final(reply, done, probs, content=answer, reasoning=thought)
+        if done.reasoning is not None and self.reasoning.splits():
+            res = shapes.chat_final(
+                reply, done, probs, content=done.content, reasoning=done.reasoning
+            )
         elif thinking is not None:
             res = shapes.chat_final(reply, done, probs, content=Unsplit(thinking).feed(done.text))
         else:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from localfab.engine.reasoning import Thinking
 from localfab.engine.types import GenerationOptions, SamplingParams
 from localfab.server.errors import ApiError
 from localfab.server.settings import ServerSettings
@@ -141,6 +142,11 @@ class Generation:
     id_slot: int = -1  # the slot to run on (modulo the slots); -1: an idle one
     response_fields: tuple[str, ...] = ()  # native answers: only these (nested) fields
     verbose: bool | None = None  # None: as the server was started (--verbose)
+    # A chat request to a thinking template: its tags (the engine splits the reply and keeps
+    # the reasoning budget, see GenerationOptions.thinking).
+    thinking: Thinking | None = None
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
     settings_json: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def options(self) -> GenerationOptions:
@@ -152,6 +158,9 @@ class Generation:
             stop=self.stop,
             n_probs=self.n_probs,
             post_sampling_probs=self.post_sampling_probs,
+            thinking=self.thinking,
+            reasoning_budget=self.reasoning_budget,
+            reasoning_budget_message=self.reasoning_budget_message,
         )
 
 

@@ -43,6 +43,12 @@ class ServerSettings:
     reasoning_format: str = "auto"
     reasoning: str = "auto"
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
+    # --reasoning-budget (tokens of thought before the block is closed; -1: no limit),
+    # --reasoning-budget-message (written before the closing tag then), --reasoning-effort
+    # (the template's reasoning_effort variable; "default": the template's own).
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
+    reasoning_effort: str = "default"
     slot_save_path: Path | None = None  # --slot-save-path: where /slots/{id}?action=save writes
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408
@@ -55,8 +61,11 @@ class ServerSettings:
 
     def template_variables(self, asked: Any = None) -> dict[str, Any]:
         """The chat template's variables for a request: --chat-template-kwargs, then
-        --reasoning on/off as enable_thinking, then the request's own `chat_template_kwargs`."""
+        --reasoning-effort and --reasoning on/off as enable_thinking, then the request's own
+        `chat_template_kwargs`."""
         out = dict(self.chat_template_kwargs)
+        if self.reasoning_effort != "default":
+            out["reasoning_effort"] = self.reasoning_effort
         if self.reasoning != "auto":
             out["enable_thinking"] = self.reasoning == "on"
         if asked is not None:

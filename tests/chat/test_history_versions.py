@@ -206,7 +206,7 @@ def test_a_version_2_database_upgrades_in_place_and_loses_nothing(tmp_path: Path
     version_2_database(path)
     history = History(path)
     try:
-        assert history.schema_version == SCHEMA_VERSION == 3
+        assert history.schema_version == SCHEMA_VERSION == 4
         assert contents(history, 1) == [
             "how tall is the lighthouse",
             "forty metres",
@@ -216,6 +216,13 @@ def test_a_version_2_database_upgrades_in_place_and_loses_nothing(tmp_path: Path
         assert [m.status for m in history.messages(1)][-1] == "interrupted"
         assert contents(history, 2) == ["unrelated question"]
         assert all(m.versions == 1 for m in history.messages(1))
+        # Schema 4: old replies have no thought; a new one keeps its own beside the answer.
+        assert all(m.reasoning == "" for m in history.messages(1))
+        history.update_message(history.messages(1)[1].id, "forty metres", reasoning="tall?")
+        assert (history.messages(1)[1].content, history.messages(1)[1].reasoning) == (
+            "forty metres",
+            "tall?",
+        )
         (hit,) = history.search("keeper")
         assert hit.session_id == 1
         # The old chat goes on, and gets versions like a new one.

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from localfab.chat.templates import ChatTemplate, template_thinking
+from localfab.chat.templates import ChatTemplate
+from localfab.chat.thinking import template_thinking
 from localfab.engine.reasoning import ReasoningSplit, Thinking, Unsplit, split_reasoning
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -117,3 +117,33 @@ def test_reasoning_off_for_the_whole_server(model_path: Path) -> None:
     for url in serve(model_path, "Qwen-Qwen3-0.6B.jinja", reasoning="off"):
         r = httpx.post(url + "/apply-template", json={"messages": USER}, timeout=60)
         assert r.json()["prompt"].endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_reasoning_budget_closes_the_block_and_an_answer_follows(model_path: Path) -> None:
+    """--reasoning-budget 32 on two slots (the batched token step), and a request's own
+    `reasoning_budget_tokens` and `reasoning_budget_message`, streamed and whole."""
+    r1 = "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
+    for url in serve(model_path, r1, reasoning_budget=32, n_parallel=2):
+
+        def tokens(reasoning: str, url: str = url) -> int:
+            """The generated tokens of a reasoning (it starts with the prompt's newline)."""
+            text = reasoning.removeprefix("\n")
+            r = httpx.post(url + "/tokenize", json={"content": text}, timeout=60)
+            return len(r.json()["tokens"])
+
+        free = {"max_tokens": 60, "ignore_eos": True, "grammar": None}
+        # Unbounded, the test model thinks past 32 tokens (it does not close the block itself).
+        unbounded = chat(url, reasoning_budget_tokens=-2, **free)["choices"][0]["message"]
+        assert tokens(unbounded["reasoning_content"]) > 40 and not unbounded["content"]
+        message = chat(url, **free)["choices"][0]["message"]
+        assert 0 < tokens(message["reasoning_content"]) <= 32 and message["content"]
+        said = {"reasoning_budget_tokens": 8, "reasoning_budget_message": " Time to answer."}
+        short = chat(url, **free, **said)["choices"][0]["message"]
+        assert short["reasoning_content"].endswith(" Time to answer.")
+        assert tokens(short["reasoning_content"]) <= 8 + tokens(" Time to answer.") + 1
+        deltas = streamed(url, **free, **said)
+        assert joined(deltas, "reasoning_content") == short["reasoning_content"]
+        assert joined(deltas, "content") == short["content"]
+        props = httpx.get(url + "/props", timeout=60).json()["chat_template_caps"]
+        assert props["supports_thinking"] and not props["supports_enable_thinking"]
+        assert not props["supports_preserve_reasoning"]
