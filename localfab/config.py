@@ -102,6 +102,20 @@ class Config:
         default=3, metadata={"doc": "times a reply cut at the token limit is continued"}
     )
     flash_attn: str = field(default="auto", metadata={"doc": "auto, on or off"})
+    thinking: str = field(
+        default="auto",
+        metadata={
+            "doc": "a thinking model's thinking in the chat app: on, off, or auto (the chat "
+            "template's default); each chat can change it from the command palette"
+        },
+    )
+    reasoning_budget: int = field(
+        default=-1,
+        metadata={
+            "doc": "tokens a thinking model may think before its answer in the chat app "
+            "(-1: no limit, 0: answer at once)"
+        },
+    )
     theme: str = field(
         default="", metadata={"doc": "the terminal app's theme by name; empty: localfab-dark"}
     )
@@ -330,6 +344,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "repeat_penalty": (0.0, 100.0, "a number from 0 to 100 (1.0 disables)"),
     "max_continues": (0, 1000, "0 (never continue) or a small positive number"),
     "prompt_cache_disk": (0, 1 << 30, "0 (nothing on disk) or a number of MiB"),
+    "reasoning_budget": (-1, 1 << 31, "-1 (no limit), 0 or a number of tokens"),
 }
 _FLASH_ATTN = ("auto", "on", "off")
 
@@ -356,9 +371,9 @@ def _convert(name: str, raw: Any, kind: type, where: str) -> Any:
         text = str(raw).strip()
     except (TypeError, ValueError, OverflowError) as exc:
         raise UsageError(f"{where}: {name} must be a {_KIND_WORDS[kind]}, not {shown}") from exc
-    if name == "flash_attn" and text.lower() not in _FLASH_ATTN:
-        raise UsageError(f"{where}: flash_attn must be auto, on or off, not {shown}")
-    return text.lower() if name == "flash_attn" else text
+    if name in ("flash_attn", "thinking") and text.lower() not in _FLASH_ATTN:
+        raise UsageError(f"{where}: {name} must be auto, on or off, not {shown}")
+    return text.lower() if name in ("flash_attn", "thinking") else text
 
 
 _KIND_WORDS: dict[type, str] = {

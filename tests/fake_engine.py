@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from localfab.chat.templates import BUILTIN_TEMPLATES
+from localfab.engine.thought import ThoughtStep
 from localfab.engine.types import (
     ContextFull,
     Done,
@@ -71,8 +72,12 @@ class FakeEngine:
         n_ctx: int = 4096,
         delay: float = 0.002,
         hold_after: int | None = None,
+        template: str | None = None,
     ) -> None:
         self.reply = reply
+        self.template = template  # a chat template of its own (else the built-in ChatML)
+        self.last_prompt = ""  # the last reply's prompt, as text, and its options
+        self.last_options: GenerationOptions | None = None
         self.n_ctx = n_ctx
         self.n_ctx_train = n_ctx
         self.delay = delay
@@ -90,7 +95,7 @@ class FakeEngine:
     # --- tokenizer ----------------------------------------------------------------------------
 
     def chat_template(self) -> str | None:
-        return BUILTIN_TEMPLATES["chatml"]
+        return self.template or BUILTIN_TEMPLATES["chatml"]
 
     def _id(self, piece: str) -> int:
         with self._lock:
@@ -194,6 +199,8 @@ class FakeEngine:
         self, prompt: Sequence[int], options: GenerationOptions
     ) -> Iterator[TokenEvent | Done]:
         max_tokens, cancel = options.max_tokens, options.cancel
+        self.last_prompt = self.detokenize(prompt, special=True)
+        self.last_options = options
         on_context_full = options.on_context_full
         started = time.monotonic()
         script = self._script(prompt)
@@ -202,6 +209,8 @@ class FakeEngine:
         first_at: float | None = None
         finish: FinishReason = "stop"
         stop_type: StopType = "eos"
+        # A thinking template's reply split as the engine's token step splits it.
+        thought = None if options.thinking is None else ThoughtStep(options.thinking)
         for token in script:
             ended = self._ends_before(token, generated, used, max_tokens, cancel, on_context_full)
             if isinstance(ended, tuple):
@@ -215,7 +224,13 @@ class FakeEngine:
             used += 1
             if first_at is None:
                 first_at = time.monotonic()
-            yield TokenEvent(token, self._pieces[token])
+            piece = self._pieces[token]
+            parts = None if thought is None else thought.take(piece, whole=True)
+            yield TokenEvent(token, piece, None, parts)
+        if thought is not None:
+            tail = thought.finish("")
+            if tail:
+                yield TokenEvent(generated[-1] if generated else -1, "", None, tail)
         end = time.monotonic()
         first = first_at or end
         if stop_type != "eos" and generated:
@@ -230,6 +245,7 @@ class FakeEngine:
             predicted_ms=(end - first) * 1e3,
             ttft_ms=(first - started) * 1e3,
         )
+        split = None if thought is None else thought.split
         yield Done(
             text=self.detokenize(generated),
             finish_reason=finish,
@@ -237,6 +253,10 @@ class FakeEngine:
             tokens=tuple(generated),
             timings=timings,
             prompt_tokens=len(prompt),
+            reasoning=None if split is None else split.reasoning,
+            content="" if split is None else split.content,
+            reasoning_tokens=0 if thought is None else thought.n_reasoning,
+            in_reasoning=split is not None and split.state == "reasoning",
         )
 
 

@@ -38,6 +38,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from localfab.chat.history_locks import ReplyLocks, drop
@@ -435,8 +436,10 @@ class History:
         limit: int = 50,
         *,
         cancelled: Callable[[], bool] | None = None,
+        thoughts: bool = False,
     ) -> list[SearchHit]:
-        """Messages holding every word of `query` (the last one as a prefix), best first.
+        """Messages holding every word of `query` (the last one as a prefix), best first;
+        with `thoughts`, then replies whose thought holds them (role "thought").
 
         Uses the FTS5 index (ranked by bm25); without FTS5, a LIKE scan, newest first. Each hit
         has a snippet with the matches between `HIT_START` and `HIT_END`. The query is bounded
@@ -452,8 +455,14 @@ class History:
         with self._searches.connection(cancelled, SEARCH_CHECK_STEPS) as db:
             try:
                 if self.full_text:
-                    return search_fts(db, terms, limit)
-                return search_like(db, terms, limit)
+                    hits = search_fts(db, terms, limit)
+                else:
+                    hits = search_like(db, terms, limit)
+                if thoughts and len(hits) < limit:
+                    found = {h.message_id for h in hits}
+                    more = search_like(db, terms, limit, column="reasoning")
+                    hits += [replace(h, role="thought") for h in more if h.message_id not in found]
+                return hits[:limit]
             except sqlite3.OperationalError as exc:
                 if cancelled is not None and cancelled():
                     raise SearchCancelled from exc

@@ -112,16 +112,20 @@ def search_fts(db: sqlite3.Connection, terms: SearchTerms, limit: int) -> list[S
     return [SearchHit(*r) for r in rows]
 
 
-def search_like(db: sqlite3.Connection, terms: SearchTerms, limit: int) -> list[SearchHit]:
-    """Messages holding every word, newest first, by a LIKE scan (SQLite without FTS5)."""
+def search_like(
+    db: sqlite3.Connection, terms: SearchTerms, limit: int, *, column: str = "content"
+) -> list[SearchHit]:
+    """Messages holding every word, newest first, by a LIKE scan (SQLite without FTS5; and
+    the thoughts, `column` "reasoning", which have no index)."""
     words = list(terms.words)
 
     def escape(word: str) -> str:
         return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
-    where = " AND ".join(["m.content LIKE ? ESCAPE '\\'"] * len(words))
+    assert column in ("content", "reasoning")
+    where = " AND ".join([f"m.{column} LIKE ? ESCAPE '\\'"] * len(words))
     rows = db.execute(
-        f"SELECT m.session_id, m.id, m.role, s.title, m.content FROM messages m "
+        f"SELECT m.session_id, m.id, m.role, s.title, m.{column} FROM messages m "
         f"JOIN sessions s ON s.id = m.session_id WHERE {where} "
         f"ORDER BY m.updated DESC LIMIT ?",
         (*[f"%{escape(w)}%" for w in words], limit),

@@ -162,6 +162,8 @@ def chat_options(config: Config) -> ChatOptions:
             min_p=config.min_p,
             repeat_penalty=config.repeat_penalty,
         ),
+        thinking=config.thinking,
+        reasoning_budget=config.reasoning_budget,
     )
 
 

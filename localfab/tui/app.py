@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -242,6 +243,7 @@ class LocalfabApp(App[None]):
                 "Import chat", "Add a chat from a JSON export", chat.action_import_chat
             )
             yield SystemCommand("Copy reply", "Copy the last reply", chat.action_copy_reply)
+            yield from thinking_commands(chat)
             yield SystemCommand("Cancel load", "Cancel the model load", chat.action_cancel_load)
         if self.models is not None:
             yield SystemCommand("Models", "Local models and their fit", self.action_models)
@@ -249,6 +251,26 @@ class LocalfabApp(App[None]):
             yield SystemCommand("Fit", "How a model fits, here or on a profile", self.action_fit)
         yield SystemCommand("Settings", "Theme, generation defaults, threads", self.action_settings)
         yield SystemCommand("Next theme", "Switch to the next theme", self.action_next_theme)
+
+
+def thinking_commands(chat: ChatScreen) -> Iterable[SystemCommand]:
+    """A thinking model's commands: the thought shown or hidden, the chat's thinking."""
+    from localfab.tui.screens.chat_thinking import PALETTE_BUDGETS, budget_words
+
+    yield SystemCommand(
+        "Show/hide thought", "Unfold or fold the last reply's thought", chat.action_toggle_thought
+    )
+    yield SystemCommand(
+        "Thinking on/off",
+        "A thinking model thinks, or not, in this chat",
+        chat.action_toggle_thinking,
+    )
+    for budget in PALETTE_BUDGETS:
+        yield SystemCommand(
+            f"Thinking budget: {budget_words(budget)}",
+            "How long a thinking model may think in this chat",
+            partial(chat.set_thinking_budget, budget),
+        )
 
 
 def make_app(deps: AppDeps) -> LocalfabApp:

@@ -55,14 +55,17 @@ class StoredTurn:
     message_id: int | None = None  # its row in the history, when stored
     version: int = 1  # which version of its place in the chat this is, from 1
     versions: int = 1  # how many versions its place has (edits, regenerated replies)
+    reasoning: str = ""  # a thinking model's thought before the reply
 
 
 @dataclass(frozen=True)
 class ReplyText:
-    """Text the model added to the reply (a few tokens)."""
+    """Text the model added to the reply (a few tokens); `thought`: to its thought, shown
+    apart above the answer."""
 
     text: str
     tokens: int = 1
+    thought: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,11 @@ class ReplyFinished:
     # ("7,912 tokens restored from cache in 0.3 s"); "" otherwise.
     prompt_note: str = ""
     notes: tuple[str, ...] = ()  # one-line notes since the last reply (the prompt cache's)
+    # A thinking model's thought: its text (not in `text`), its tokens, and the time from its
+    # first token to the answer's (None: the reply had no thought).
+    reasoning: str = ""
+    thought_tokens: int = 0
+    thought_ms: float | None = None
 
 
 ReplyEvent = ReplyText | WindowShifted | ReplyContinued | ReplyFinished
@@ -159,6 +167,21 @@ class ChatBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+THINKING_MODES = ("auto", "on", "off")
+
+
+@runtime_checkable
+class ControlsThinking(Protocol):
+    """A backend whose chat can turn a thinking model's thinking on or off (`THINKING_MODES`:
+    auto is the template's default) and bound it (tokens; -1: no budget)."""
+
+    def thinking(self) -> tuple[bool, str, int]:
+        """Whether the loaded model's template thinks, this chat's mode and its budget."""
+        ...
+
+    def set_thinking(self, mode: str | None = None, budget: int | None = None) -> None: ...
 
 
 @runtime_checkable

@@ -19,22 +19,17 @@ from localfab.tui.backend import (
     LoadProgress,
     ModelCard,
     ProgressCallback,
-    ReplyContinued,
     ReplyEvent,
-    ReplyFinished,
-    ReplyText,
     StoredTurn,
-    WindowShifted,
 )
 from localfab.tui.cache_notes import (
     IDLE_PERSIST_S,
     IDLE_SLACK,
     attach_prompt_cache,
-    drain,
-    prompt_note,
     window_note,
 )
 from localfab.tui.engine_thread import EngineThread, on_engine, streamed_on_engine
+from localfab.tui.reply_events import translate
 
 if TYPE_CHECKING:
     from localfab.chat.history import History, StoredMessage
@@ -43,7 +38,6 @@ if TYPE_CHECKING:
     from localfab.config import Config, Paths
     from localfab.engine.types import GenerationOptions, SamplingParams
     from localfab.ledger.writer import LedgerWriter, ReplyRecorder
-    from localfab.machine.energy import Energy
     from localfab.plan import Wishes
 
 log = logging.getLogger("localfab.tui")
@@ -76,15 +70,20 @@ class ChatOptions:
     max_continues: int = 3
     sampling: SamplingParams | None = None
     reply_reserve: int | None = None
+    # A thinking model: on, off or auto (the template's default), and the reasoning budget in
+    # tokens (-1: none); the defaults of every chat, which the chat can change for itself.
+    thinking: str = "auto"
+    reasoning_budget: int = -1
 
-    def reply(self, cancel: threading.Event) -> GenerationOptions:
-        """What one reply asks of the engine, stopped by `cancel`."""
+    def reply(self, cancel: threading.Event, budget: int | None = None) -> GenerationOptions:
+        """What one reply asks of the engine, stopped by `cancel` (`budget`: the chat's own)."""
         from localfab.engine.types import GenerationOptions, SamplingParams
 
         return GenerationOptions(
             max_tokens=self.max_tokens,
             sampling=self.sampling or SamplingParams(),
             cancel=cancel,
+            reasoning_budget=self.reasoning_budget if budget is None else budget,
         )
 
 
@@ -114,6 +113,8 @@ class LocalBackend:
     # (no new reply) for `IDLE_PERSIST_S`.
     _activity: int = 0
     _idle_timer: threading.Timer | None = None
+    _think_mode: str | None = None  # this chat's thinking, where it set its own
+    _think_budget: int | None = None
     engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
 
     @on_engine
@@ -150,6 +151,7 @@ class LocalBackend:
 
         loaded = self._require()
         self._opened = ""
+        self._think_mode = self._think_budget = None  # each chat starts from the defaults
         if session_id is not None and self.history is not None:
             engine = loaded.engine
             before, started = getattr(engine, "restored", None), time.perf_counter()
@@ -178,6 +180,41 @@ class LocalBackend:
         )
         return []
 
+    # --- thinking --------------------------------------------------------------------------------
+
+    def thinking(self) -> tuple[bool, str, int]:
+        """Whether the model's template thinks, and this chat's mode and budget."""
+        from localfab.chat.thinking import template_caps
+
+        loaded = self._loaded
+        thinks = loaded is not None and template_caps(loaded.prompts.template)["supports_thinking"]
+        mode = self._think_mode or self.options.thinking
+        budget = self.options.reasoning_budget if self._think_budget is None else self._think_budget
+        return thinks, mode, budget
+
+    def set_thinking(self, mode: str | None = None, budget: int | None = None) -> None:
+        """This chat's thinking (a new or reopened chat starts from the options' defaults)."""
+        if mode is not None:
+            self._think_mode = mode
+        if budget is not None:
+            self._think_budget = budget
+
+    def _reply_options(self, cancel: threading.Event) -> GenerationOptions:
+        """On the engine thread: a reply's options, with the chat's thinking put to the
+        template (its enable_thinking; a template without one is kept from thinking by a
+        budget of 0) and its budget."""
+        from localfab.chat.thinking import template_caps
+
+        _, mode, budget = self.thinking()
+        prompts = self._require().prompts
+        if mode == "auto":
+            prompts.variables.pop("enable_thinking", None)
+        elif template_caps(prompts.template)["supports_enable_thinking"]:
+            prompts.variables["enable_thinking"] = mode == "on"
+        elif mode == "off":
+            budget = 0
+        return self.options.reply(cancel, budget)
+
     @property
     def session_id(self) -> int | None:
         return None if self._session is None else self._session.session_id
@@ -204,13 +241,13 @@ class LocalBackend:
         if chat.history is None and self.history is not None:
             chat.history = self.history
             chat.session_id = self.history.create_session(model=self.model_name, system=chat.system)
-        events = chat.send(text, self.options.reply(cancel))
+        events = chat.send(text, self._reply_options(cancel))
         yield from self._events(events)
 
     @streamed_on_engine
     def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()
-        events = chat.continue_reply(self.options.reply(cancel))
+        events = chat.continue_reply(self._reply_options(cancel))
         yield from self._events(events)
 
     @streamed_on_engine
@@ -219,13 +256,13 @@ class LocalBackend:
     ) -> Iterator[ReplyEvent]:
         chat = self._chat()
         index = -1 if message_id is None else self._index(chat, message_id)
-        events = chat.regenerate(index, self.options.reply(cancel))
+        events = chat.regenerate(index, self._reply_options(cancel))
         yield from self._events(events)
 
     @streamed_on_engine
     def edit(self, message_id: int, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
         chat = self._chat()
-        events = chat.edit(self._index(chat, message_id), text, self.options.reply(cancel))
+        events = chat.edit(self._index(chat, message_id), text, self._reply_options(cancel))
         yield from self._events(events)
 
     def _events(self, events: Iterator[Any]) -> Iterator[ReplyEvent]:
@@ -239,7 +276,7 @@ class LocalBackend:
             events = recorder.wrap(events)
         else:
             energy = lambda: None  # noqa: E731
-        yield from _translate(events, energy=energy, opened=opened, notes=notes)
+        yield from translate(events, energy=energy, opened=opened, notes=notes)
         self._persist_when_idle()
 
     def _persist_when_idle(self) -> None:
@@ -315,52 +352,7 @@ class LocalBackend:
 
 
 def _turn(m: StoredMessage) -> StoredTurn:
-    return StoredTurn(m.role, m.content, m.status, m.id, m.version, m.versions)
-
-
-def _translate(
-    events: Iterator[Any],
-    *,
-    energy: Callable[[], Energy | None] = lambda: None,
-    opened: str = "",
-    notes: list[str] | None = None,
-) -> Iterator[ReplyEvent]:
-    """ChatSession's events as the app's events, with the live figures the status bar shows.
-
-    `energy` gives the reply's measured energy once the reply has ended (None: not measured);
-    `opened` is what opening the chat did with its window (see `window_note`); `notes` are
-    emptied into the reply's end.
-    """
-    from localfab.chat.session import Continued, Reply, Shifted
-
-    for event in events:
-        if isinstance(event, Reply):
-            steps = sum(max(0, p.timings.predicted_n - 1) for p in event.pieces)
-            decode_ms = sum(p.timings.predicted_ms for p in event.pieces)
-            measured = energy()
-            per_token = None
-            if measured is not None and measured.joules is not None and event.completion_tokens:
-                per_token = measured.joules / event.completion_tokens
-            yield ReplyFinished(
-                text=event.text,
-                finish_reason=event.finish_reason,
-                completion_tokens=event.completion_tokens,
-                ttft_ms=event.timings.ttft_ms,
-                tokens_per_second=steps / decode_ms * 1e3 if decode_ms > 0 else 0.0,
-                continues=event.continues,
-                joules_per_token=per_token,
-                draft_acceptance=(
-                    event.timings.draft_acceptance if event.timings.draft_n else None
-                ),
-                prompt_note=prompt_note(event.timings, opened),
-                notes=drain(notes),
-            )
-        elif isinstance(event, Shifted):
-            yield WindowShifted(event.turns, event.tokens, event.reprocessed)
-        elif isinstance(event, Continued):
-            yield ReplyContinued(event.count, event.limit)
-        elif event.text:
-            yield ReplyText(event.text)
+    return StoredTurn(m.role, m.content, m.status, m.id, m.version, m.versions, m.reasoning)
 
 
 def model_loader(

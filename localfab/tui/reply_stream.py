@@ -36,6 +36,13 @@ STREAM_END = StreamEnd()
 InboxItem = ReplyEvent | ReplyFailed | StreamEnd
 
 
+@dataclass(frozen=True)
+class Thought:
+    """A run of a thinking model's thought, as `take` joins it (answer text comes as str)."""
+
+    text: str
+
+
 # The shortest time between two frames of a streaming reply; the pacer says when waiting text
 # is drawn, and the screen sleeps until then.
 FRAME_SECONDS = 1 / 10
@@ -93,9 +100,10 @@ class ReplyStream:
             wait = max(wait, FRAME_SECONDS)
         return max(wait, 0.001)
 
-    def take(self, last_key_at: float | None) -> list[str | InboxItem] | None:
-        """What to draw now, in order: each run of text joined into one string, anything else
-        as it is; None while only text waits and the pacer says not yet."""
+    def take(self, last_key_at: float | None) -> list[str | Thought | InboxItem] | None:
+        """What to draw now, in order: each run of answer text joined into one string, each
+        run of thought into one `Thought`, anything else as it is; None while only text waits
+        and the pacer says not yet."""
         inbox = self.inbox
         if not inbox:
             return None
@@ -103,22 +111,27 @@ class ReplyStream:
             self.pacer.typed(last_key_at)
         if not self.pacer.due() and all(isinstance(i, ReplyText) for i in list(inbox)):
             return None
-        out: list[str | InboxItem] = []
+        out: list[str | Thought | InboxItem] = []
         batch: list[str] = []
+        thought = False  # the batch is thought
         while inbox:
             item = inbox.popleft()
             if isinstance(item, ReplyText):
                 if self.first_at is None:
                     self.first_at = time.monotonic()
+                if batch and item.thought != thought:
+                    out.append(_joined(batch, thought))
+                    batch = []
+                thought = item.thought
                 batch.append(item.text)
                 self.tokens += item.tokens
                 continue
             if batch:
-                out.append("".join(batch))
+                out.append(_joined(batch, thought))
                 batch = []
             out.append(item)
         if batch:
-            out.append("".join(batch))
+            out.append(_joined(batch, thought))
         return out
 
     def live_figures(self) -> tuple[float, float | None] | None:
@@ -130,3 +143,8 @@ class ReplyStream:
         ttft = (self.first_at - self.sent_at) * 1e3
         speed = (self.tokens - 1) / elapsed if elapsed > 0.2 and self.tokens > 1 else None
         return ttft, speed
+
+
+def _joined(batch: list[str], thought: bool) -> str | Thought:
+    text = "".join(batch)
+    return Thought(text) if thought else text

@@ -44,10 +44,16 @@ class SessionStore:
         return self.history.restore_session(deleted)
 
     def search(
-        self, query: str, limit: int = 50, *, cancelled: Callable[[], bool] | None = None
+        self,
+        query: str,
+        limit: int = 50,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+        thoughts: bool = False,
     ) -> builtins.list[SearchHit]:
-        """See `History.search`: `cancelled` stops a search mid-query (`SearchCancelled`)."""
-        return self.history.search(query, limit, cancelled=cancelled)
+        """See `History.search`: `cancelled` stops a search mid-query (`SearchCancelled`);
+        `thoughts` looks in thinking models' thoughts too."""
+        return self.history.search(query, limit, cancelled=cancelled, thoughts=thoughts)
 
     def export(self, session_id: int, path: Path) -> Path:
         """Write a session to `path`: JSON for a .json name, Markdown otherwise."""

@@ -194,3 +194,25 @@ def test_markdown_export(history: History) -> None:
     assert md.startswith("# Q and A\n")
     assert "## System\n\nBe brief." in md
     assert md.index("## You\n\nQuestion?") < md.index("## Assistant\n\nAnswer.")
+
+
+@pytest.mark.parametrize("fts", [True, False], ids=["fts5", "like"])
+def test_thoughts_are_searched_only_when_asked_and_survive_a_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fts: bool
+) -> None:
+    if not fts:
+        monkeypatch.setattr(history_schema, "has_fts5", lambda db: False)
+    history = History(tmp_path / "h.sqlite3")
+    sid = chat(history, ("prime?", "yes, it is prime"))
+    reply = history.messages(sid)[-1].id
+    history.update_message(reply, "yes, it is prime", reasoning="no divisor up to its root")
+    assert history.search("divisor") == []  # the answer, not the thought
+    (hit,) = history.search("divisor", thoughts=True)
+    assert (hit.message_id, hit.role) == (reply, "thought")
+    assert "divisor" in hit.snippet
+    # A message found in its answer is listed once, as itself.
+    assert sorted(h.role for h in history.search("prime", thoughts=True)) == ["assistant", "user"]
+    deleted = history.delete_session(sid)
+    history.restore_session(deleted)
+    assert history.messages(sid)[-1].reasoning == "no divisor up to its root"
+    history.close()

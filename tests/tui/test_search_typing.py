@@ -46,8 +46,13 @@ def spy(app: LocalfabApp, monkeypatch: pytest.MonkeyPatch, around: Search) -> No
     real = store.search
 
     def search(
-        query: str, limit: int = 50, *, cancelled: Callable[[], bool] | None = None
+        query: str,
+        limit: int = 50,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+        thoughts: bool = False,
     ) -> list[SearchHit]:
+        assert not thoughts  # these tests search the messages alone
         return around(real, query, limit, cancelled)
 
     monkeypatch.setattr(store, "search", search)

@@ -64,6 +64,49 @@ def test_chat_screen(snap_compare, tmp_path, size, theme):
     history.close()
 
 
+def thinking_chat(path: Path) -> tuple[History, int]:
+    """A chat with a thinking model: two replies with their thoughts."""
+    history = History(path)
+    sid = history.create_session(model="fake-model")
+    history.add_message(sid, "user", "Is 2027 a prime number?")
+    first = history.add_message(sid, "assistant", "Yes: **2027** is prime.")
+    thought = (
+        "Check the primes up to its square root, 45.\nIt is odd, its digit sum is 11, it "
+        "does not end in 5.\n7 · 289 = 2023, 11 · 184 = 2024, 13 · 155 = 2015 …\nNo divisor."
+    )
+    history.update_message(first, "Yes: **2027** is prime.", reasoning=thought)
+    history.add_message(sid, "user", "And 2028?")
+    second = history.add_message(sid, "assistant", "No: it is even (2 · 1014).")
+    history.update_message(second, "No: it is even (2 · 1014).", reasoning="It ends in 8.")
+    history._db.execute(
+        "UPDATE sessions SET created=?, updated=? WHERE id=?",
+        (FIXED_NOW - 300, FIXED_NOW - 60, sid),
+    )
+    return history, sid
+
+
+@pytest.mark.parametrize("theme", THEMES)
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_chat_with_thoughts(snap_compare, tmp_path, size, theme):
+    """The first reply's thought unfolded (from its block), the last one's folded."""
+    history, sid = thinking_chat(tmp_path / "sessions.sqlite3")
+    app, _ = build_app(history, session_id=sid, theme=theme, clock_now=FIXED_NOW)
+
+    async def ready(pilot):
+        from localfab.tui.widgets.thought import ThoughtBlock
+
+        await wait_for(pilot, lambda: app.screen_stack and app.chat.loaded)
+        await wait_for(pilot, lambda: len(app.chat.query(ThoughtBlock)) == 2)
+        app.chat.query(ThoughtBlock).first().action_fold()
+        box = app.chat.query_one(PromptBox)
+        box.focus()
+        box.cursor_blink = False
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=ready)
+    history.close()
+
+
 @pytest.mark.parametrize("theme", THEMES)
 def test_load_failure_dialog(snap_compare, tmp_path, theme):
     history = History(tmp_path / "sessions.sqlite3")

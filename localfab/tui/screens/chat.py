@@ -33,22 +33,15 @@ from localfab.tui.backend import (
 )
 from localfab.tui.clipboard import system_copy
 from localfab.tui.pacing import StreamingGC, cpu_share_for, max_interval_for
-from localfab.tui.reply_stream import InboxItem, ReplyFailed, ReplyStream, StreamEnd
-from localfab.tui.screens.chat_parts import (
-    ReplyJob,
-    merge_continued,
-    reply_footer,
-    shown_index,
-)
+from localfab.tui.reply_stream import InboxItem, ReplyFailed, ReplyStream, StreamEnd, Thought
+from localfab.tui.screens.chat_parts import ReplyJob, merge_continued, reply_footer, shown_index
 from localfab.tui.screens.chat_sessions import SessionActions, SessionOpened
+from localfab.tui.screens.chat_thinking import ThinkingActions
 from localfab.tui.screens.chat_versions import VersionActions, VersionCommands
 from localfab.tui.widgets.chat_log import ChatLog
 from localfab.tui.widgets.dialogs import ErrorDialog
 from localfab.tui.widgets.load_panel import LoadPanel
-from localfab.tui.widgets.messages import (
-    MessageView,
-    ShiftDivider,
-)
+from localfab.tui.widgets.messages import MessageView, ShiftDivider
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.sessions import SessionsPanel
 from localfab.tui.widgets.status import StatusBar
@@ -60,7 +53,7 @@ if TYPE_CHECKING:
 WIDE = 100  # from this width the sessions panel shows unless the user hid it
 
 
-class ChatScreen(SessionActions, VersionActions):
+class ChatScreen(SessionActions, VersionActions, ThinkingActions):
     """Chat with the loaded model."""
 
     AUTO_FOCUS = "#prompt"
@@ -83,6 +76,7 @@ class ChatScreen(SessionActions, VersionActions):
         Binding("ctrl+z", "undo_delete", "Undo delete", id="chat.undo", show=False),
         Binding("ctrl+end,end", "follow", "Follow", id="chat.follow", show=False),
         Binding("ctrl+l", "cancel_load", "Cancel load", id="chat.cancel_load", show=False),
+        Binding("alt+t", "toggle_thought", "Thought", id="chat.thought", show=False),
     ]
 
     class InboxWoke(Message):
@@ -305,10 +299,12 @@ class ChatScreen(SessionActions, VersionActions):
         if figures is not None:
             self.query_one(StatusBar).show_speed(*figures)
 
-    async def _handle(self, item: InboxItem) -> None:
+    async def _handle(self, item: InboxItem | Thought) -> None:
         view = self._reply
         log = self.query_one("#chat-log", VerticalScroll)
-        if isinstance(item, WindowShifted):
+        if isinstance(item, Thought):
+            await self.show_thought(item)
+        elif isinstance(item, WindowShifted):
             divider = ShiftDivider(item.turns, item.tokens)
             if view is not None and view.parent is log:
                 await log.mount(divider, before=view)
@@ -346,6 +342,7 @@ class ChatScreen(SessionActions, VersionActions):
         self.query_one(StatusBar).show_reply(
             item.ttft_ms, item.tokens_per_second, item.draft_acceptance, item.joules_per_token
         )
+        self.thought_finished(item, view)
         for note in item.notes:  # the prompt cache's (a state file discarded, a full disk)
             self.notify(note, title="Note", timeout=8)
 

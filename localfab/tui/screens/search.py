@@ -65,6 +65,7 @@ class SearchScreen(ModalScreen[SearchHit | None]):
     BINDINGS = [
         Binding("escape", "cancel", "Close", id="search.close"),
         Binding("down", "to_results", "Results", id="search.results", show=False),
+        Binding("alt+t", "thoughts", "Thoughts too", id="search.thoughts"),
     ]
 
     @dataclass
@@ -81,6 +82,7 @@ class SearchScreen(ModalScreen[SearchHit | None]):
         self.searches = 0  # searches answered, for tests
         self.debounce_s = DEBOUNCE_S
         self._pending: Timer | None = None  # the search waiting for typing to pause
+        self.thoughts = False  # thinking models' thoughts are searched too
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog search-dialog"):
@@ -91,7 +93,8 @@ class SearchScreen(ModalScreen[SearchHit | None]):
 
     def _hint(self) -> str:
         notice = self.store.history.search_notice
-        return notice or "Type to search every saved chat; Enter opens a hit."
+        where = " and their thoughts" if self.thoughts else " (alt+t: thoughts too)"
+        return notice or f"Type to search every saved chat{where}; Enter opens a hit."
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()
@@ -116,8 +119,9 @@ class SearchScreen(ModalScreen[SearchHit | None]):
         # A thread: the database may be busy with another process's write for a moment.
         worker = get_current_worker()
         try:
+            cancelled = lambda: worker.is_cancelled  # noqa: E731
             hits = (
-                self.store.search(query, RESULTS, cancelled=lambda: worker.is_cancelled)
+                self.store.search(query, RESULTS, cancelled=cancelled, thoughts=self.thoughts)
                 if query.strip()
                 else []
             )
@@ -174,6 +178,14 @@ class SearchScreen(ModalScreen[SearchHit | None]):
     def action_to_results(self) -> None:
         if self.hits and self.query_one(Input).has_focus:
             self.query_one(ListView).focus()
+
+    def action_thoughts(self) -> None:
+        """Search thinking models' thoughts too, or no longer."""
+        self.thoughts = not self.thoughts
+        self.notify(f"Thoughts are {'searched too' if self.thoughts else 'left out'}.")
+        self.workers.cancel_group(self, "search")
+        query = self.query_one(Input).value
+        self._search(query)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

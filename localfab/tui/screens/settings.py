@@ -32,6 +32,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("top_p", "Top-p"),
     ("min_p", "Min-p"),
     ("threads", "Threads (0: one per physical core)"),
+    ("thinking", "Thinking (on, off, auto)"),
+    ("reasoning_budget", "Thinking budget (-1: no limit)"),
 )
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 

@@ -43,8 +43,9 @@ class ChatLog(VerticalScroll):
                 message_id=t.message_id,
                 version=t.version,
                 versions=t.versions,
+                reasoning=t.reasoning,
             )
-            if t.content
+            if t.content or t.reasoning
             else None
             for t in shown
         ]

@@ -22,6 +22,7 @@ from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 from localfab.textsafe import visible_controls
 from localfab.tui.clipboard import code_blocks
 from localfab.tui.widgets.reply_markdown import ReplyMarkdown
+from localfab.tui.widgets.thought import ThoughtBlock
 
 
 def shift_text(turns: int, tokens: int) -> str:
@@ -135,10 +136,14 @@ class MessageView(Vertical):
     }
     """
 
-    def __init__(self, role: str, text: str = "", *, status: str = "complete") -> None:
+    def __init__(
+        self, role: str, text: str = "", *, status: str = "complete", reasoning: str = ""
+    ) -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
         self._initial = text
+        # A thinking model's thought, above the answer (never in `text`, which copy copies).
+        self.thought: ThoughtBlock | None = ThoughtBlock(reasoning) if reasoning else None
         self.status = status
         self.text = text
         self._stream_pending: list[str] = []
@@ -150,6 +155,8 @@ class MessageView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        if self.thought is not None:
+            yield self.thought
         with Vertical(classes="body"):
             yield ReplyMarkdown(visible_controls(self._initial), classes="segment")
         yield Label("", classes="reply-footer")
@@ -178,10 +185,25 @@ class MessageView(Vertical):
         # below it, and below a long reply are all its blocks and table cells.
         self.query(".role").add_class("streaming")
 
+    async def write_thought(self, text: str) -> None:
+        """Append a batch of the thought (streamed above the answer until the answer starts)."""
+        block = self.thought
+        if block is None:
+            block = self.thought = ThoughtBlock(live=True)
+            await self.mount(block, after=self.query_one(".role"))
+        block.append(text)
+
+    def fold_thought(self, seconds: float | None = None, tokens: int | None = None) -> None:
+        """The thought is over: fold it, with its figures where they are known."""
+        if self.thought is not None:
+            self.thought.finish(seconds=seconds, tokens=tokens)
+
     async def write(self, text: str) -> None:
         """Append a batch of text (one frame's worth of tokens)."""
         if not text:
             return
+        if self.thought is not None and self.thought.live:
+            self.thought.finish()  # the answer begins
         self.text += text
         if self._stream_task is None:
             self.start_stream()

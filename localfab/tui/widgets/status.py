@@ -55,6 +55,7 @@ class StatusBar(Horizontal):
         yield Label("", id="status-gpu")
         yield Label("", id="status-ctx")
         yield Label("TTFT —", id="status-ttft")
+        yield Label("", id="status-thought")
         yield Label("— tok/s", id="status-speed")
         yield Sparkline([], id="status-spark")
         yield Label("— J/tok", id="status-energy")
@@ -83,6 +84,13 @@ class StatusBar(Horizontal):
             speed += f" (draft {draft_acceptance:.0%})"
         self._put("status-ttft", ttft)
         self._put("status-speed", speed)
+
+    def show_thought(self, thought_ms: float | None) -> None:
+        """How long the last reply thought before its answer (none: the label goes)."""
+        label = self._put(
+            "status-thought", "" if thought_ms is None else f"thought {duration(thought_ms)}"
+        )
+        label.display = thought_ms is not None
 
     def show_energy(self, joules_per_token: float | None) -> None:
         """The last reply's energy per token; a dash where this machine reports no power."""

@@ -88,8 +88,9 @@ class ChatMessage(MessageView):
         message_id: int | None = None,
         version: int = 1,
         versions: int = 1,
+        reasoning: str = "",
     ) -> None:
-        super().__init__(role, text, status=status)
+        super().__init__(role, text, status=status, reasoning=reasoning)
         self.message_id = message_id
         self.version = version
         self.versions = versions
