@@ -68,8 +68,11 @@ def engine_pp_tg(
     flash_attn: str,
     swa_full: bool = False,
 ) -> dict[str, list[float]]:
-    """pp and tg of the localfab engine, the way llama-bench measures them (tokens/s)."""
-    from localfab.engine import Engine, EngineSettings, SamplingParams
+    """pp and tg of the localfab engine, the way llama-bench measures them (tokens/s); and
+    tg with a thinking model's split running on every token ("tg_split": a reply inside a
+    block the prompt opened, so every token goes through the split), alternating with tg."""
+    from localfab.engine import Engine, EngineSettings, GenerationOptions, SamplingParams
+    from localfab.engine.reasoning import Thinking
 
     settings = EngineSettings(
         n_ctx=max(1024, n_prompt + n_gen + 16),
@@ -81,6 +84,8 @@ def engine_pp_tg(
     )
     pp: list[float] = []
     tg: list[float] = []
+    tg_split: list[float] = []
+    opened = Thinking("<think>", "</think>", opened_by_prompt=True)
     with Engine(path, settings) as engine:
         vocab = engine.n_vocab
         greedy = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -97,13 +102,16 @@ def engine_pp_tg(
             pp.append(done.timings.prompt_n / done.timings.prompt_ms * 1e3)
         engine.clear_cache()
         engine.generate([engine.bos_token], max_tokens=2, sampling=greedy)
-        for _ in range(reps):
-            engine.clear_cache()
-            done = engine.generate([engine.bos_token], max_tokens=n_gen + 1, sampling=greedy)
-            t = done.timings
-            # predicted_ms spans the decode steps after the first sampled token.
-            tg.append((t.predicted_n - 1) / t.predicted_ms * 1e3)
-    return {"pp": pp, "tg": tg}
+        for rep in range(reps):
+            for split in (False, True) if rep % 2 == 0 else (True, False):
+                opts = GenerationOptions(
+                    max_tokens=n_gen + 1, sampling=greedy, thinking=opened if split else None
+                )
+                engine.clear_cache()
+                t = engine.generate([engine.bos_token], opts).timings
+                # predicted_ms spans the decode steps after the first sampled token.
+                (tg_split if split else tg).append((t.predicted_n - 1) / t.predicted_ms * 1e3)
+    return {"pp": pp, "tg": tg, "tg_split": tg_split}
 
 
 def llama_bench(
@@ -167,7 +175,7 @@ def help_startup(reps: int = 5) -> float:
 
 def cmd_engine(args: argparse.Namespace) -> dict[str, Any]:
     path = resolve(args.model)
-    ours: dict[str, list[float]] = {"pp": [], "tg": []}
+    ours: dict[str, list[float]] = {"pp": [], "tg": [], "tg_split": []}
     theirs: dict[str, list[float]] = {"pp": [], "tg": []}
     kw = dict(
         swa_full=args.swa_full,
@@ -189,7 +197,7 @@ def cmd_engine(args: argparse.Namespace) -> dict[str, Any]:
                 target = theirs
             else:
                 continue
-            for k in ("pp", "tg"):
+            for k in r:
                 target[k].extend(r[k])
             print(
                 f"round {rnd + 1} {who}: pp {statistics.median(r['pp']):.1f} "
@@ -202,6 +210,8 @@ def cmd_engine(args: argparse.Namespace) -> dict[str, Any]:
         "swa_full": args.swa_full,
         f"localfab_pp{args.n_prompt}": statistics.median(ours["pp"]),
         f"localfab_tg{args.n_gen}": statistics.median(ours["tg"]),
+        f"localfab_tg{args.n_gen}_thinking_split": statistics.median(ours["tg_split"]),
+        "thinking_split_ratio": statistics.median(ours["tg_split"]) / statistics.median(ours["tg"]),
         "help_startup_ms": help_startup(),
     }
     if args.llama_bench:

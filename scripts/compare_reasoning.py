@@ -7,7 +7,9 @@ per case, each server's (reasoning_content, content) and whether they are equal.
 
 With --budget the model writes freely (greedy, end-of-generation banned) and each request
 carries a reasoning budget (`reasoning_budget_tokens` 0, 8, 32, with and without a
-`reasoning_budget_message`): where each server closes the block, and what follows.
+`reasoning_budget_message`): where each server closes the block, and what follows. Run it with
+tests/engine/templates/opens-think-plain.jinja: llama-server finds the tag by its tokens, and on
+the test model R1's prompt spells `<think>` with other tokens than the tag alone.
 
 Usage: python scripts/compare_reasoning.py --url localfab=http://127.0.0.1:8091 \\
            --url llama-server=http://127.0.0.1:8092 [--template qwen3|r1] [--budget]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from localfab.chat.templates import ChatTemplate, resolve_template
@@ -70,6 +71,16 @@ class PromptBuilder:
         # The template's own variables for every rendering that names none (a front end's
         # choice, such as enable_thinking for `run --reasoning off`).
         self.variables: dict[str, Any] = {}
+
+    @classmethod
+    def from_file(cls, engine: Tokenizer, path: Path) -> PromptBuilder:
+        """A builder with the chat template in `path` instead of the model's (its BOS and EOS
+        kept), as llama-server's --chat-template-file; UsageError when it cannot be read."""
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read the chat template file {path}: {exc}") from exc
+        return cls(engine, source=source)
 
     def text(
         self,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from localfab.commands.thinking import template_file_option
 from localfab.errors import UsageError
 
 if TYPE_CHECKING:
@@ -96,8 +97,10 @@ def open_app(
     system: str | None = None,
     ctx_size: int | None = None,
     theme: str | None = None,
+    template_file: Path | None = None,
 ) -> None:
-    """Build the app for MODEL (or a saved session) and run it until the user quits."""
+    """Build the app for MODEL (or a saved session) and run it until the user quits
+    (`template_file`: a chat template used instead of each model's own)."""
     from localfab.config import default_paths
     from localfab.store import Store
     from localfab.tui.app import AppDeps, make_app
@@ -114,7 +117,9 @@ def open_app(
     def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
         # The settings screen may have saved new settings since the app started.
         now = app.config if app is not None else config
-        loader = model_loader(name, paths, now, ctx_size=ctx_size, wishes=wishes)
+        loader = model_loader(
+            name, paths, now, ctx_size=ctx_size, wishes=wishes, template_file=template_file
+        )
         # Each reply's figures go to the usage ledger unless the settings turn it off.
         ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None
         return LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger)
@@ -181,6 +186,7 @@ def exit_with(return_code: int | None) -> None:
 @click.option("--system", "-s", help="System prompt for a new chat.")
 @click.option("-c", "--ctx-size", type=int, default=None, help="Context window in tokens.")
 @click.option("--theme", help="Theme name (localfab-dark, localfab-light, ...).")
+@template_file_option(exists=True)
 def chat(
     model: str | None,
     session_id: int | None,
@@ -188,6 +194,7 @@ def chat(
     system: str | None,
     ctx_size: int | None,
     theme: str | None,
+    chat_template_file: Path | None,
 ) -> None:
     """Chat with MODEL in the terminal app (a registered name, a .gguf path or smollm2:135m).
 
@@ -197,4 +204,12 @@ def chat(
         raise UsageError("--session and --new cannot be used together")
     if ctx_size is not None and ctx_size < 16:
         raise UsageError(f"--ctx-size {ctx_size} is too small; use at least 16")
-    open_app(model, session_id=session_id, new=new, system=system, ctx_size=ctx_size, theme=theme)
+    open_app(
+        model,
+        session_id=session_id,
+        new=new,
+        system=system,
+        ctx_size=ctx_size,
+        theme=theme,
+        template_file=chat_template_file,
+    )

@@ -59,14 +59,9 @@ def use_template_file(loaded: Any, path: Path | None) -> None:
     if path is None:
         return
     from localfab.chat.prompt import PromptBuilder
-    from localfab.errors import UsageError
 
-    try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the chat template file {path}: {exc}") from exc
     old = loaded.prompts.notice
-    loaded.prompts = PromptBuilder(loaded.engine, source=source)
+    loaded.prompts = PromptBuilder.from_file(loaded.engine, path)
     loaded.notices = [n for n in loaded.notices if n != old]
 
 

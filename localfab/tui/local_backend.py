@@ -362,10 +362,12 @@ def model_loader(
     *,
     ctx_size: int | None = None,
     wishes: Wishes | None = None,
+    template_file: Path | None = None,
 ) -> Loader:
     """The loader for a model name or path: resolve, plan for this machine, load.
 
-    `wishes` (from the fit screen) replace the ones made from `config` and `ctx_size`.
+    `wishes` (from the fit screen) replace the ones made from `config` and `ctx_size`;
+    `template_file` is a chat template used instead of the model's (--chat-template-file).
     """
 
     def load(progress: ProgressCallback, cancel: threading.Event) -> ChatModel:
@@ -388,6 +390,8 @@ def model_loader(
         if cancel.is_set():
             loaded.close()
             raise LoadCancelled()
+        if template_file is not None:
+            use_template(loaded, template_file)
         notes = attach_prompt_cache(loaded.engine, chosen, paths, config)
         progress(LoadProgress("ready", 1.0, f"loaded in {time.monotonic() - started:.1f} s"))
         info = ModelCard(
@@ -405,6 +409,17 @@ def model_loader(
         )
 
     return load
+
+
+def use_template(loaded: Any, path: Path) -> None:
+    """A chat template file in place of the model's own (its BOS and EOS kept)."""
+    from localfab.chat.prompt import PromptBuilder
+
+    try:
+        loaded.prompts = PromptBuilder.from_file(loaded.engine, path)
+    except UsageError:
+        loaded.close()
+        raise
 
 
 # The share of the load bar before the weights start (finding and planning) and after they end

@@ -1,5 +1,5 @@
 """A thinking model in the chat app, on the fake engine with Qwen3's real chat template: the thought
-streams above the answer, folds when the answer begins, unfolds with alt+t or a click, is
+streams above the answer, folds when the answer begins, unfolds with F3 (alt+t) or a click, is
 stored apart and comes back folded; the chat's thinking goes off (enable_thinking false) and
 gets a budget from the command palette; copy copies the answer only."""
 
@@ -61,8 +61,8 @@ async def test_the_thought_streams_folds_when_the_answer_begins_and_unfolds(hist
         # The status bar says how long it thought, apart from the TTFT.
         assert "thought " in str(chat.query_one("#status-thought").render())
         assert chat.query_one(StatusBar).query_one("#status-thought").display
-        # alt+t unfolds the last reply's thought, a click folds it again.
-        await pilot.press("alt+t")
+        # F3 unfolds the last reply's thought, a click folds it again.
+        await pilot.press("f3")
         await pilot.pause()
         assert block.open and "It is six times seven." in shown(block)
         await pilot.click(block)

@@ -76,7 +76,7 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions):
         Binding("ctrl+z", "undo_delete", "Undo delete", id="chat.undo", show=False),
         Binding("ctrl+end,end", "follow", "Follow", id="chat.follow", show=False),
         Binding("ctrl+l", "cancel_load", "Cancel load", id="chat.cancel_load", show=False),
-        Binding("alt+t", "toggle_thought", "Thought", id="chat.thought", show=False),
+        Binding("f3,alt+t", "toggle_thought", "Thought", id="chat.thought", show=False),
     ]
 
     class InboxWoke(Message):

@@ -65,7 +65,7 @@ class SearchScreen(ModalScreen[SearchHit | None]):
     BINDINGS = [
         Binding("escape", "cancel", "Close", id="search.close"),
         Binding("down", "to_results", "Results", id="search.results", show=False),
-        Binding("alt+t", "thoughts", "Thoughts too", id="search.thoughts"),
+        Binding("f3,alt+t", "thoughts", "Thoughts too", id="search.thoughts"),
     ]
 
     @dataclass
@@ -93,7 +93,7 @@ class SearchScreen(ModalScreen[SearchHit | None]):
 
     def _hint(self) -> str:
         notice = self.store.history.search_notice
-        where = " and their thoughts" if self.thoughts else " (alt+t: thoughts too)"
+        where = " and their thoughts" if self.thoughts else " (F3: thoughts too)"
         return notice or f"Type to search every saved chat{where}; Enter opens a hit."
 
     def on_mount(self) -> None:

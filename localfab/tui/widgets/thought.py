@@ -4,7 +4,7 @@ While the model thinks, the block shows a header ("Thinking… 3.2 s") and the l
 thought, so the screen's cost per frame stays flat however long the thought grows. When the
 answer starts (or the reply ends), the block folds to one line saying how long the thought took
 and how many tokens it used; a click, or Enter on the focused block, unfolds the whole thought
-(alt+t on the chat screen: the last reply's). The thought is plain text, drawn with control
+(F3 or alt+t on the chat screen: the last reply's). The thought is plain text, drawn with control
 characters made visible, and never part of what "copy reply" copies.
 """
 
