@@ -50,16 +50,22 @@ class PromptBuilder:
     """Renders messages with the model's template and tokenizes them, with exactly one BOS."""
 
     def __init__(
-        self, engine: Tokenizer, template: ChatTemplate | None = None, *, source: str | None = None
+        self,
+        engine: Tokenizer,
+        template: ChatTemplate | None = None,
+        *,
+        source: str | None = None,
+        name: str = "file",
     ) -> None:
         """`template`: a compiled one to use as is; `source`: a template's text to use with the
-        model's BOS and EOS (--chat-template-file); neither: the model's own, or a built-in."""
+        model's BOS and EOS (--chat-template-file; `name`: a built-in's, for --chat-template
+        chatml); neither: the model's own, or a built-in."""
         self.engine = engine
         if template is None:
             bos = engine.token_text(engine.bos_token) if engine.add_bos else ""
             eos = engine.token_text(engine.eos_token)
             if source is not None:
-                template, notice = ChatTemplate(source, "file", bos, eos), None
+                template, notice = ChatTemplate(source, name, bos, eos), None
             else:
                 template, notice = resolve_template(
                     engine.chat_template(), engine.architecture, bos_token=bos, eos_token=eos

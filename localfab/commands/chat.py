@@ -111,8 +111,7 @@ def open_app(
     config, config_problem = load_config(paths)
     history, problem = open_history(paths.sessions_db)
     model = saved_chat_model(history, session_id, model)
-    if new:
-        session_id = None
+    session_id = None if new else session_id
 
     def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
         # The settings screen may have saved new settings since the app started.

@@ -16,6 +16,7 @@ from localfab.commands.spec_flags import gather, spec_options, speculation
 from localfab.commands.thinking import (
     ThoughtStream,
     budget_options,
+    chat_template_option,
     reasoning_option,
     template_file_option,
 )
@@ -41,6 +42,7 @@ THINK_FLAGS = (
     "reasoning",
     "hide_thinking",
     "chat_template_file",
+    "chat_template",
     "reasoning_budget",
     "reasoning_budget_message",
 )
@@ -139,6 +141,7 @@ def read_prompt(words: tuple[str, ...]) -> str:
 @reasoning_option
 @budget_options
 @template_file_option(exists=False)  # a missing file: localfab's own clear error
+@chat_template_option
 @click.option(
     "--hide-thinking",
     is_flag=True,

@@ -26,7 +26,7 @@ def ready(
     cache's disk tier for this one run (no RAM tier: one prompt) unless it is off."""
     from localfab.engine.prompt_cache import open_prompt_cache
 
-    use_template_file(loaded, think["chat_template_file"])
+    use_template_file(loaded, think["chat_template_file"], think["chat_template"])
     for notice in loaded.notices:
         click.echo(f"localfab: note: {notice}", err=True)
     set_reasoning(loaded.prompts, think["reasoning"])

@@ -16,6 +16,7 @@ import click
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.commands.thinking import (
     budget_options,
+    chat_template_option,
     reasoning_option,
     template_file_option,
     use_template_file,
@@ -130,7 +131,14 @@ def is_loopback(host: str) -> bool:
     help="The template's reasoning_effort variable (gpt-oss and others): minimal, low, medium, "
     "high... (default: the template's own).",
 )
+@click.option(
+    "--reasoning-preserve/--no-reasoning-preserve",
+    default=None,
+    help="Keep earlier turns' reasoning in the prompt, where the template can "
+    "(its preserve_reasoning; default: the template's own).",
+)
 @template_file_option(exists=True)
+@chat_template_option
 @click.option(
     "--chat-template-kwargs",
     default=None,
@@ -341,6 +349,7 @@ def _settings(
         reasoning_budget=options["reasoning_budget"],
         reasoning_budget_message=options["reasoning_budget_message"],
         reasoning_effort=options["reasoning_effort"],
+        reasoning_preserve=options["reasoning_preserve"],
         chat_template_kwargs=template_kwargs(options["chat_template_kwargs"]),
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],
@@ -413,7 +422,7 @@ def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Ca
             parallel=n_parallel,
             kv_unified=options["kv_unified"],
         )
-        use_template_file(loaded, options["chat_template_file"])
+        use_template_file(loaded, options["chat_template_file"], options["chat_template"])
         for notice in loaded.notices:
             click.echo(f"localfab: note: {notice}", err=True)
         engine = loaded.engine

@@ -53,15 +53,33 @@ def template_file_option(*, exists: bool) -> Callable[[Any], Any]:
     )
 
 
-def use_template_file(loaded: Any, path: Path | None) -> None:
-    """--chat-template-file: the template in `path` instead of the model's (as llama-server);
-    a note about the model's own template no longer applies."""
-    if path is None:
+chat_template_option = click.option(
+    "--chat-template",
+    default=None,
+    help="A built-in chat template by name (chatml, llama3, gemma, phi3) or a Jinja template's "
+    "text, instead of the model's (as llama-server).",
+)
+
+
+def use_template_file(loaded: Any, path: Path | None, text: str | None = None) -> None:
+    """--chat-template-file (the template in `path`) or --chat-template (a built-in's name or
+    a template's text) instead of the model's, as llama-server; a note about the model's own
+    template no longer applies."""
+    if path is None and not text:
         return
     from localfab.chat.prompt import PromptBuilder
+    from localfab.chat.templates import BUILTIN_TEMPLATES
+    from localfab.errors import UsageError
 
+    if path is not None and text:
+        raise UsageError("give --chat-template or --chat-template-file, not both")
     old = loaded.prompts.notice
-    loaded.prompts = PromptBuilder.from_file(loaded.engine, path)
+    if path is not None:
+        loaded.prompts = PromptBuilder.from_file(loaded.engine, path)
+    elif text in BUILTIN_TEMPLATES:
+        loaded.prompts = PromptBuilder(loaded.engine, source=BUILTIN_TEMPLATES[text], name=text)
+    else:
+        loaded.prompts = PromptBuilder(loaded.engine, source=text)
     loaded.notices = [n for n in loaded.notices if n != old]
 
 

@@ -49,6 +49,9 @@ class ServerSettings:
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
     reasoning_effort: str = "default"
+    # --reasoning-preserve / --no-reasoning-preserve: the template's preserve_reasoning (keep
+    # earlier turns' reasoning in the prompt, where the template can); None: its default.
+    reasoning_preserve: bool | None = None
     slot_save_path: Path | None = None  # --slot-save-path: where /slots/{id}?action=save writes
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408
@@ -66,6 +69,8 @@ class ServerSettings:
         out = dict(self.chat_template_kwargs)
         if self.reasoning_effort != "default":
             out["reasoning_effort"] = self.reasoning_effort
+        if self.reasoning_preserve is not None:
+            out["preserve_reasoning"] = self.reasoning_preserve
         if self.reasoning != "auto":
             out["enable_thinking"] = self.reasoning == "on"
         if asked is not None:

@@ -7,7 +7,7 @@ looking at them (`snapshot_report.html`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -32,36 +32,53 @@ def stored_chat(path: Path) -> tuple[History, int]:
         sid = history.create_session(model="gemma3:270m")
         history.add_message(sid, "user", title)
         history.add_message(sid, "assistant", "An older answer.")
-        history._db.execute(
-            "UPDATE sessions SET created=?, updated=? WHERE id=?",
-            (FIXED_NOW - 86400 * (3 - i), FIXED_NOW - 86400 * (3 - i), sid),
-        )
+        dated(history, sid, FIXED_NOW - 86400 * (3 - i), FIXED_NOW - 86400 * (3 - i))
     sid = history.create_session(model="fake-model")
     history.add_message(sid, "user", "Compare two small models, with code")
     history.add_message(sid, "assistant", SAMPLE_REPLY)
     history.add_message(sid, "user", "And in one line?")
     history.add_message(sid, "assistant", "Smaller models are faster but", status="length")
-    history._db.execute(
-        "UPDATE sessions SET created=?, updated=? WHERE id=?",
-        (FIXED_NOW - 300, FIXED_NOW - 60, sid),
-    )
+    dated(history, sid, FIXED_NOW - 300, FIXED_NOW - 60)
     return history, sid
+
+
+def dated(history: History, sid: int, created: float, updated: float) -> None:
+    """Session `sid` as created and last updated at fixed times (the panel shows them)."""
+    history._db.execute(
+        "UPDATE sessions SET created=?, updated=? WHERE id=?", (created, updated, sid)
+    )
 
 
 @pytest.mark.parametrize("theme", THEMES)
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_chat_screen(snap_compare, tmp_path, size, theme):
     history, sid = stored_chat(tmp_path / "sessions.sqlite3")
+    assert snap_chat(snap_compare, history, sid, size, theme)
+
+
+def snap_chat(
+    snap_compare: Callable[..., bool],
+    history: History,
+    sid: int,
+    size: tuple[int, int],
+    theme: str,
+    then: Callable[[LocalfabApp, Pilot[None]], Awaitable[None]] | None = None,
+) -> bool:
+    """The chat screen on stored chat `sid`, once loaded (and `then` has acted), compared."""
     app, _ = build_app(history, session_id=sid, theme=theme, clock_now=FIXED_NOW)
 
-    async def ready(pilot):
-        await wait_for(pilot, lambda: app.screen_stack and app.chat.loaded)
+    async def ready(pilot: Pilot[None]) -> None:
+        await wait_for(pilot, lambda: bool(app.screen_stack) and app.chat.loaded)
+        if then is not None:
+            await then(app, pilot)
         box = app.chat.query_one(PromptBox)
+        box.focus()
         box.cursor_blink = False
         await pilot.pause()
 
-    assert snap_compare(app, terminal_size=size, run_before=ready)
+    same = snap_compare(app, terminal_size=size, run_before=ready)
     history.close()
+    return bool(same)
 
 
 def thinking_chat(path: Path) -> tuple[History, int]:
@@ -78,10 +95,7 @@ def thinking_chat(path: Path) -> tuple[History, int]:
     history.add_message(sid, "user", "And 2028?")
     second = history.add_message(sid, "assistant", "No: it is even (2 · 1014).")
     history.update_message(second, "No: it is even (2 · 1014).", reasoning="It ends in 8.")
-    history._db.execute(
-        "UPDATE sessions SET created=?, updated=? WHERE id=?",
-        (FIXED_NOW - 300, FIXED_NOW - 60, sid),
-    )
+    dated(history, sid, FIXED_NOW - 300, FIXED_NOW - 60)
     return history, sid
 
 
@@ -90,21 +104,14 @@ def thinking_chat(path: Path) -> tuple[History, int]:
 def test_chat_with_thoughts(snap_compare, tmp_path, size, theme):
     """The first reply's thought unfolded (from its block), the last one's folded."""
     history, sid = thinking_chat(tmp_path / "sessions.sqlite3")
-    app, _ = build_app(history, session_id=sid, theme=theme, clock_now=FIXED_NOW)
 
-    async def ready(pilot):
+    async def unfold_first(app: LocalfabApp, pilot: Pilot[None]) -> None:
         from localfab.tui.widgets.thought import ThoughtBlock
 
-        await wait_for(pilot, lambda: app.screen_stack and app.chat.loaded)
         await wait_for(pilot, lambda: len(app.chat.query(ThoughtBlock)) == 2)
         app.chat.query(ThoughtBlock).first().action_fold()
-        box = app.chat.query_one(PromptBox)
-        box.focus()
-        box.cursor_blink = False
-        await pilot.pause()
 
-    assert snap_compare(app, terminal_size=size, run_before=ready)
-    history.close()
+    assert snap_chat(snap_compare, history, sid, size, theme, unfold_first)
 
 
 @pytest.mark.parametrize("theme", THEMES)

@@ -90,28 +90,30 @@ async def test_a_reopened_chat_shows_its_thoughts_folded(history):
         assert "It is so." in shown(block)
 
 
+async def command(pilot, app, name: str) -> None:
+    """Run the palette's command `name`, typed as a user would."""
+    chat = app.chat
+    await pilot.press("ctrl+p")
+    await pilot.press(*name)
+    await wait_for(pilot, lambda: palette_shows(app, name))
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.screen is chat)
+
+
 async def test_thinking_off_and_a_budget_from_the_palette(history):
     engine = thinking_engine()
     app, _ = build_app(history, engine=engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        chat = await loaded(pilot, app)
+        await loaded(pilot, app)
         await send(pilot, app, "first")
         await finished(pilot, app)
         assert engine.last_prompt.endswith("<|im_start|>assistant\n")  # the template's default
-        await pilot.press("ctrl+p")
-        await pilot.press(*"Thinking on/off")
-        await wait_for(pilot, lambda: palette_shows(app, "Thinking on/off"))
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: app.screen is chat)
+        await command(pilot, app, "Thinking on/off")
         await send(pilot, app, "second")
         await finished(pilot, app)
         # Off: the template's enable_thinking is false, so the prompt closes the block itself.
         assert engine.last_prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-        await pilot.press("ctrl+p")
-        await pilot.press(*"Thinking budget: 1,024")
-        await wait_for(pilot, lambda: palette_shows(app, "Thinking budget: 1,024 tokens"))
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: app.screen is chat)
+        await command(pilot, app, "Thinking budget: 1,024 tokens")
         await send(pilot, app, "third")
         await finished(pilot, app)
         assert engine.last_options is not None and engine.last_options.reasoning_budget == 1024
