@@ -231,6 +231,14 @@ class PromptBuilder:
                 )
         return self.encode(text)
 
+    def set_thinking(self, mode: str) -> None:
+        """Thinking "on" or "off" through the template's enable_thinking ("auto": the
+        template's default) for every rendering from now on."""
+        if mode == "auto":
+            self.variables.pop("enable_thinking", None)
+        else:
+            self.variables["enable_thinking"] = mode == "on"
+
     def thinking_after(self, tokens: Sequence[int]) -> Thinking | None:
         """How a reply after `tokens` (a prompt this builder made) thinks: the template's tags,
         and whether the prompt's end opened the block (None: the template does not think)."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from localfab.commands.thinking import set_reasoning, use_template_file
+from localfab.commands.thinking import use_template_file
 
 if TYPE_CHECKING:
     from localfab.config import Config, Paths
@@ -29,7 +29,7 @@ def ready(
     use_template_file(loaded, think["chat_template_file"], think["chat_template"])
     for notice in loaded.notices:
         click.echo(f"localfab: note: {notice}", err=True)
-    set_reasoning(loaded.prompts, think["reasoning"])
+    loaded.prompts.set_thinking(think["reasoning"])
     if not prompt_cache:
         return
     engine = loaded.engine

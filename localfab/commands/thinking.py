@@ -83,12 +83,6 @@ def use_template_file(loaded: Any, path: Path | None, text: str | None = None) -
     loaded.notices = [n for n in loaded.notices if n != old]
 
 
-def set_reasoning(prompts: Any, reasoning: str) -> None:
-    """--reasoning on/off: the template's enable_thinking (auto: the template's default)."""
-    if reasoning != "auto":
-        prompts.variables["enable_thinking"] = reasoning == "on"
-
-
 class ThoughtStream:
     """Writes a reply's text as it streams: the answer through `write_answer` (stdout), the
     thought to stderr, dimmed on a terminal, unless `hide`. The reply's events say which is

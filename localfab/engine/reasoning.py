@@ -225,11 +225,3 @@ def merged(pieces: list[tuple[Kind, str]]) -> list[tuple[Kind, str]]:
         else:
             out.append((kind, text))
     return out
-
-
-def split_reasoning(text: str, thinking: Thinking) -> tuple[str, str]:
-    """A whole reply split at once: (reasoning, content)."""
-    split = ReasoningSplit(thinking)
-    split.feed(text)
-    split.finish()
-    return split.reasoning, split.content

@@ -18,7 +18,6 @@ from starlette.responses import Response
 
 from localfab.chat.session import reply_room
 from localfab.chat.templates import validate_messages
-from localfab.chat.thinking import template_thinking
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect, Reasoning
@@ -150,8 +149,7 @@ def reasoning_split(server: Server, body: Mapping[str, Any], tokens: Sequence[in
     fmt = body.get("reasoning_format", server.settings.reasoning_format)
     if fmt not in REASONING_FORMATS:
         raise ApiError(f"Unknown reasoning format: {fmt}")
-    tail = server.prompt_text(list(tokens[-8:]))
-    return Reasoning(template_thinking(server.model.prompts.template, tail), fmt)
+    return Reasoning(server.model.prompts.thinking_after(tokens), fmt)
 
 
 def reasoning_budget(server: Server, body: Mapping[str, Any]) -> dict[str, Any]:

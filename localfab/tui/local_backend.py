@@ -207,10 +207,8 @@ class LocalBackend:
 
         _, mode, budget = self.thinking()
         prompts = self._require().prompts
-        if mode == "auto":
-            prompts.variables.pop("enable_thinking", None)
-        elif template_caps(prompts.template)["supports_enable_thinking"]:
-            prompts.variables["enable_thinking"] = mode == "on"
+        if mode == "auto" or template_caps(prompts.template)["supports_enable_thinking"]:
+            prompts.set_thinking(mode)
         elif mode == "off":
             budget = 0
         return self.options.reply(cancel, budget)

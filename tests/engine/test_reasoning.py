@@ -11,7 +11,7 @@ import pytest
 
 from localfab.chat.templates import ChatTemplate
 from localfab.chat.thinking import template_thinking
-from localfab.engine.reasoning import ReasoningSplit, Thinking, Unsplit, split_reasoning
+from localfab.engine.reasoning import ReasoningSplit, Thinking, Unsplit
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -81,7 +81,7 @@ CASES = [
 def test_a_reply_splits_the_same_for_every_chunking(
     thinking: Thinking, reply: str, reasoning: str, content: str
 ) -> None:
-    assert split_reasoning(reply, thinking) == (reasoning, content)
+    assert whole(reply, thinking) == (reasoning, content)
     chunkings = [[reply[:i], reply[i:]] for i in range(len(reply) + 1)]
     chunkings.append(list(reply))  # a character at a time
     rng = random.Random(len(reply))
@@ -133,3 +133,11 @@ def test_a_reply_left_whole_is_what_llama_server_leaves() -> None:
         assert Unsplit(thinking).feed(reply) == content
         whole = Unsplit(thinking)
         assert "".join(whole.feed(c) for c in reply) == content
+
+
+def whole(text: str, thinking: Thinking) -> tuple[str, str]:
+    """A whole reply split at once: (reasoning, content)."""
+    split = ReasoningSplit(thinking)
+    split.feed(text)
+    split.finish()
+    return split.reasoning, split.content
