@@ -410,14 +410,17 @@ def model_loader(
 
 
 def use_template(loaded: Any, path: Path) -> None:
-    """A chat template file in place of the model's own (its BOS and EOS kept)."""
+    """A chat template file in place of the model's own (its BOS and EOS kept); a load notice
+    about the model's own template no longer applies."""
     from localfab.chat.prompt import PromptBuilder
 
+    old = loaded.prompts.notice
     try:
         loaded.prompts = PromptBuilder.from_file(loaded.engine, path)
     except UsageError:
         loaded.close()
         raise
+    loaded.notices = [n for n in loaded.notices if n != old]
 
 
 # The share of the load bar before the weights start (finding and planning) and after they end

@@ -146,3 +146,27 @@ def test_a_chat_reopened_after_a_restart_is_restored_from_the_disk_cache(model_p
     off.open_session(session_id=session, system=None)
     assert "tokens processed in" in finished(off, "And then?").prompt_note
     off.close()
+
+
+def test_a_template_file_drops_the_notice_about_the_models_own(model_path, tmp_path):
+    """The test model has no chat template, so a load says it uses a built-in one; with
+    --chat-template-file that notice no longer applies and the model card does not show it."""
+    import threading
+
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    plain = model_loader(str(model_path), paths, Config(), ctx_size=512)(
+        lambda p: None, threading.Event()
+    )
+    try:
+        assert any("no chat template" in n for n in plain.info.notices)
+    finally:
+        plain.close()
+    loaded = model_loader(str(model_path), paths, Config(), ctx_size=512, template_file=template)(
+        lambda p: None, threading.Event()
+    )
+    try:
+        assert not any("no chat template" in n for n in loaded.info.notices)
+    finally:
+        loaded.close()
