@@ -140,6 +140,23 @@ def _instrument(node: nodes.Node) -> None:
         node.iter = _budgeted("lf_iter", node.iter)  # type: ignore[arg-type]
 
 
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    *,
+    ensure_ascii: bool = False,
+    sort_keys: bool = False,
+    separators: Sequence[str] | None = None,
+) -> str:
+    """Hugging Face's tojson: JSON with its keyword arguments (templates pass them)."""
+    seps = (
+        (separators[0], separators[1]) if separators is not None and len(separators) == 2 else None
+    )
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys, separators=seps
+    )
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox with a budget for one rendering."""
 
@@ -163,9 +180,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         self.globals["range"] = self.lf_range
         self.globals["raise_exception"] = _raise
         self.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self.filters["tojson"] = lambda value, indent=None: json.dumps(
-            value, ensure_ascii=False, indent=indent
-        )
+        self.filters["tojson"] = _tojson
         self.filters = {name: self._guard(name, f) for name, f in self.filters.items()}
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
@@ -442,38 +457,3 @@ def resolve_template(
         f"for architecture {architecture or 'unknown'!r}"
     )
     return ChatTemplate(BUILTIN_TEMPLATES[name], name, bos_token, eos_token), notice
-
-
-def validate_messages(messages: object) -> list[dict[str, str]]:
-    """Check a list of {role, content} messages (an assistant's may carry its
-    `reasoning_content`); raise UsageError saying what is wrong."""
-    if not isinstance(messages, list) or not messages:
-        raise UsageError("'messages' must be a non-empty array")
-    out: list[dict[str, str]] = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise UsageError(f"messages[{i}] must be an object with 'role' and 'content'")
-        role = message.get("role")
-        if role not in ROLES:
-            raise UsageError(f"messages[{i}].role must be one of {', '.join(ROLES)}, not {role!r}")
-        content = message.get("content")
-        if content is None:
-            content = ""
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    raise UsageError(f"messages[{i}].content: only text parts are supported")
-                texts.append(str(part.get("text", "")))
-            content = "".join(texts)
-        if not isinstance(content, str):
-            raise UsageError(f"messages[{i}].content must be a string")
-        item = {"role": role, "content": content}
-        # A thinking model's earlier reasoning: the template decides whether it is shown.
-        reasoning = message.get("reasoning_content")
-        if reasoning is not None and not isinstance(reasoning, str):
-            raise UsageError(f"messages[{i}].reasoning_content must be a string")
-        if reasoning and role == "assistant":
-            item["reasoning_content"] = reasoning
-        out.append(item)
-    return out

@@ -140,6 +140,13 @@ def is_loopback(host: str) -> bool:
 @template_file_option(exists=True)
 @chat_template_option
 @click.option(
+    "--jinja/--no-jinja",
+    default=True,
+    show_default=True,
+    help="Requests may carry tools: the chat template renders them and the reply's calls "
+    "come back as tool_calls (--no-jinja refuses them, as llama-server).",
+)
+@click.option(
     "--chat-template-kwargs",
     default=None,
     help="The chat template's variables as a JSON object, e.g. '{\"enable_thinking\": false}'.",
@@ -351,6 +358,7 @@ def _settings(
         reasoning_effort=options["reasoning_effort"],
         reasoning_preserve=options["reasoning_preserve"],
         chat_template_kwargs=template_kwargs(options["chat_template_kwargs"]),
+        jinja=options["jinja"],
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],
         max_connections=options["max_connections"],

@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp as lc
 import numpy as np
 
+from localfab.engine.callsyntax import CallDelta
 from localfab.engine.sampling import GuardedSampler, is_fast_greedy
 from localfab.engine.text import StopMatcher, Utf8Stream
 from localfab.engine.thought import ThoughtStep
+from localfab.engine.toolcalls import ToolStep
 from localfab.engine.types import (
     ContextFull,
     Done,
@@ -197,6 +199,14 @@ class ReplyState:
         if sampler is None and opts.sampling.ignore_eos:
             self.eog = np.array(engine.eog_tokens())
         self.thought = new_thought(engine, opts)
+        calling = opts.tools
+        self.tools = None if calling is None else ToolStep(calling)
+        # A lazy tool-call grammar does not see a reasoning block (a call there is a thought).
+        self._blind_in_reasoning = (
+            calling is not None
+            and not calling.grammar_in_reasoning
+            and bool(opts.sampling.grammar_triggers)
+        )
 
     def pick(self, logits: Logits, row: int = -1) -> int:
         """The next token from `logits`, output `row` of the last batch (-1: the last)."""
@@ -224,10 +234,12 @@ class ReplyState:
             return None
         sampler = self.sampler
         if sampler is not None:
-            if forced is None:
-                sampler.accept(tok)
-            else:
+            if forced is not None:
                 sampler.accept_forced(tok)
+            elif self._blind_in_reasoning and thought and thought.split.state == "reasoning":
+                sampler.accept(tok, grammar=False)
+            else:
+                sampler.accept(tok)
         generated.append(tok)
         piece = self.token_bytes(tok)
         text = self.stops.feed(self.utf8.feed(piece))
@@ -240,10 +252,18 @@ class ReplyState:
         elif n_probs > 0:
             assert sampler is not None  # post_sampling_probs: a readable one (see new_sampler)
             probs = post_probs(sampler, n_probs, tok, piece, self.token_bytes)
-        if thought is None:
+        tools = self.tools
+        if thought is None and tools is None:
             return TokenEvent(tok, text, probs)
-        parts = thought.take(text, whole=not self.utf8.pending())
-        return TokenEvent(tok, text, probs, parts)
+        parts: tuple[tuple[str, str], ...]
+        if thought is not None:
+            parts = thought.take(text, whole=not self.utf8.pending())
+        else:
+            parts = (("content", text),) if text else ()
+        if tools is None:
+            return TokenEvent(tok, text, probs, parts)
+        parts, calls = tools.take(parts)
+        return TokenEvent(tok, text, probs, parts, calls)
 
     def ended(self) -> bool:
         """After a token was passed on: whether a stop string, a cancel or max_tokens ends
@@ -274,10 +294,9 @@ class ReplyState:
             tail = stops.feed("" if pending else utf8.flush()) + stops.flush()
             if tail:
                 self.parts.append(tail)
-        thought = self.thought
-        parts = None if thought is None else thought.finish(tail)
-        if tail or parts:
-            events.append(TokenEvent(generated[-1] if generated else -1, tail, None, parts))
+        last = self._last_event(tail)
+        if last is not None:
+            events.append(last)
         t_end = time.perf_counter()
         t_first = self.t_first or t_end
         timings = Timings(
@@ -306,6 +325,28 @@ class ReplyState:
             stopping_word=stops.matched or "",
             pending=pending,
         )
+        events.append(self._split_done(done))
+        return events
+
+    def _last_event(self, tail: str) -> TokenEvent | None:
+        """The event of the text held back to the end, and of what the reasoning split and the
+        tool-call parser held back (None: nothing was)."""
+        thought, tools = self.thought, self.tools
+        parts: tuple[tuple[str, str], ...] | None = None
+        if thought is not None:
+            parts = thought.finish(tail)
+        calls: tuple[CallDelta, ...] = ()
+        if tools is not None:
+            if parts is None:
+                parts = (("content", tail),) if tail else ()
+            parts, calls = tools.take(parts, final=True)
+        if not (tail or parts or calls):
+            return None
+        return TokenEvent(self.generated[-1] if self.generated else -1, tail, None, parts, calls)
+
+    def _split_done(self, done: Done) -> Done:
+        """`done` with the reply's reasoning and answer apart, and its tool calls."""
+        thought, tools = self.thought, self.tools
         if thought is not None:
             split = thought.split
             done = replace(
@@ -316,5 +357,7 @@ class ReplyState:
                 budget_hit=thought.budget_hit,
                 in_reasoning=split.state == "reasoning",
             )
-        events.append(done)
-        return events
+        if tools is not None:
+            parser = tools.parser
+            done = replace(done, content=parser.content, tool_calls=tuple(parser.calls))
+        return done

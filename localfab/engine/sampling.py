@@ -18,6 +18,7 @@ as before: building the candidate array in numpy costs about half a millisecond 
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import llama_cpp as lc
 import numpy as np
@@ -60,6 +61,16 @@ def is_fast_greedy(p: SamplingParams) -> bool:
     )
 
 
+def _grammar_sampler(vocab: ctypes.c_void_p, grammar: str, triggers: tuple[str, ...]) -> Any:
+    """llama.cpp's grammar sampler; lazy (waiting for one of `triggers`) where there are any."""
+    if not triggers:
+        return lc.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    patterns = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
+    return lc.llama_sampler_init_grammar_lazy_patterns(
+        vocab, grammar.encode(), b"root", patterns, len(triggers), None, 0
+    )
+
+
 class GuardedSampler:
     """One generation's samplers: grammar (separate), logit biases (numpy), then the chain."""
 
@@ -79,7 +90,7 @@ class GuardedSampler:
         self.chain: ctypes.c_void_p | None = None
         if params.grammar:
             check_grammar(params.grammar)
-            grammar = lc.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
+            grammar = _grammar_sampler(vocab, params.grammar, params.grammar_triggers)
             if not grammar:
                 raise UsageError(
                     "the grammar could not be parsed: check its GBNF syntax and that it "
@@ -222,9 +233,10 @@ class GuardedSampler:
             return int(lc.llama_sampler_sample(self.chain, self._ctx, index))
         return self.sample(logits)
 
-    def accept(self, token: int) -> None:
-        """Record `token` as chosen (grammar state, repetition penalties)."""
-        if self.grammar is not None:
+    def accept(self, token: int, *, grammar: bool = True) -> None:
+        """Record `token` as chosen (grammar state, repetition penalties); with `grammar`
+        False the grammar does not see it (a lazy one inside a reasoning block)."""
+        if self.grammar is not None and grammar:
             lc.llama_sampler_accept(self.grammar, token)
         if self.chain is not None and not self._native:  # the native path accepted it
             lc.llama_sampler_accept(self.chain, token)

@@ -7,7 +7,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from localfab.engine.callsyntax import Call, CallDelta
 from localfab.engine.reasoning import Thinking
+from localfab.engine.toolcalls import ToolCalling
 from localfab.errors import UsageError
 from localfab.units import KV_CACHE_TYPES, SAMPLING, completion_tokens, usage
 
@@ -74,6 +76,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int = -1  # -1: a random seed
     grammar: str | None = None  # GBNF; constrains the output (JSON mode, schemas)
+    # With a grammar: lazy, it waits until the text matches one of these regular expressions
+    # (llama.cpp's trigger patterns; the first group, or the match, is where it starts).
+    grammar_triggers: tuple[str, ...] = ()
     ignore_eos: bool = False  # never pick an end-of-generation token (benchmarks)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans a token
 
@@ -229,6 +234,9 @@ class GenerationOptions:
     thinking: Thinking | None = None
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
+    # A request with tools: the reply's calls are parsed out of its answer as it comes
+    # (TokenEvent.calls, Done.tool_calls), see `engine.toolcalls`.
+    tools: ToolCalling | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a list from a caller: keep the value immutable
@@ -335,6 +343,8 @@ class TokenEvent:
     # "reasoning" or "content" (a tag cut over two tokens is held back until it is whole);
     # None where the reply is not split (all of `text` is the answer).
     parts: tuple[tuple[str, str], ...] | None = None
+    # With GenerationOptions.tools: what this token added to the reply's tool calls.
+    calls: tuple[CallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -356,11 +366,15 @@ class Done:
     reasoning_tokens: int = 0
     budget_hit: bool = False
     in_reasoning: bool = False  # the reply ended inside its block (a continuation goes on there)
+    # With GenerationOptions.tools: the reply's calls (`content` is then the answer without
+    # them); None where the request named no tools.
+    tool_calls: tuple[Call, ...] | None = None
 
     @property
     def answer(self) -> str:
-        """The reply without its reasoning (the whole text where it was not split)."""
-        return self.text if self.reasoning is None else self.content
+        """The reply without its reasoning and tool calls (the whole text where it was not
+        split)."""
+        return self.text if self.reasoning is None and self.tool_calls is None else self.content
 
     @property
     def completion_tokens(self) -> int:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localfab.chat.messages import validate_messages
 from localfab.chat.session import reply_room
-from localfab.chat.templates import validate_messages
+from localfab.chat.tools import ToolRequest, parse_tools, plan_tools, tool_messages
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect, Reasoning
@@ -113,19 +114,20 @@ async def chat_completions(server: Server, request: Request) -> Response:
     n_ctx = engine.n_ctx
     shift = server.settings.context_shift
 
-    def prepare() -> tuple[Generation, ChatWindow]:
+    def prepare() -> tuple[Generation, ChatWindow, ToolRequest | None]:
         # Templates, tokenizing and fitting are CPU work that grows with the conversation:
         # done in a thread, so the event loop keeps answering (/health, other streams).
         # Tokenizing only reads the vocabulary, which the engine thread never changes.
-        fields = chat_to_completion_fields(body)
+        fields = chat_to_completion_fields(body, jinja=server.settings.jinja)
+        tools = request_tools(fields)
         gen = parse_generation(fields, server.settings, tokenize=_bias_tokenizer(engine))
-        messages, _, prompt = chat_messages(server, fields)
+        messages, _, prompt = chat_messages(server, fields, tools)
         window = ChatWindow(messages, prompt, n_ctx)
         if shift:  # without --context-shift a chat that does not fit is a 400, as llama-server
             window.fit(n_ctx - reply_room(n_ctx, gen.n_predict))
-        return gen, window
+        return gen, window, tools
 
-    gen, window = await asyncio.to_thread(prepare)
+    gen, window, tools = await asyncio.to_thread(prepare)
     if window.left_out["turns"]:
         log.info(
             "context full: %d oldest turn(s) (%d tokens) left the window",
@@ -135,11 +137,45 @@ async def chat_completions(server: Server, request: Request) -> Response:
     reasoning = reasoning_split(server, body, window.tokens)
     if reasoning.thinking is not None:
         gen = replace(gen, thinking=reasoning.thinking, **reasoning_budget(server, body))
+    if tools is not None:
+        gen = await asyncio.to_thread(with_tools, server, gen, tools, reasoning)
     dialect = Chat(gen, server.prompt_text, verbose=server.verbose(gen), reasoning=reasoning)
     return await respond(server, request, [Prompt(window.tokens, window)], gen, dialect)
 
 
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
+
+def request_tools(body: Mapping[str, Any]) -> ToolRequest | None:
+    """The request's tools (None: none), as llama-server reads them; 400 when malformed."""
+    try:
+        tools = parse_tools(
+            body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
+        )
+    except UsageError as exc:
+        raise api_error(exc) from exc
+    if tools is not None and tools.choice != "none" and "grammar" in body:
+        raise ApiError("Cannot use custom grammar constraints with tools.")
+    if tools is not None and body.get("stream") is True and body.get("logprobs") is True:
+        raise ApiError("logprobs is not supported with tools + stream")
+    return tools
+
+
+def with_tools(
+    server: Server, gen: Generation, tools: ToolRequest, reasoning: Reasoning
+) -> Generation:
+    """`gen` with the request's tool calls parsed and, unless the request has a JSON schema of
+    its own, held to the tools' schemas by a grammar (lazy for `auto`). CPU work (the
+    schemas become a grammar): call from a thread."""
+    thinking = reasoning.thinking if reasoning.splits() else None
+    try:
+        plan = plan_tools(tools, server.model.prompts.template, thinking.end if thinking else "")
+    except UsageError as exc:
+        raise api_error(exc) from exc
+    sampling = gen.sampling
+    if plan.grammar is not None and not sampling.grammar:
+        sampling = replace(sampling, grammar=plan.grammar, grammar_triggers=plan.triggers)
+    return replace(gen, sampling=sampling, tools=plan.calling)
 
 
 def reasoning_split(server: Server, body: Mapping[str, Any], tokens: Sequence[int]) -> Reasoning:
@@ -173,7 +209,7 @@ async def apply_template(server: Server, request: Request) -> Response:
     body = await read_json(request, server.settings)
 
     def apply() -> str:
-        messages, render, _ = chat_messages(server, body)
+        messages, render, _ = chat_messages(server, body, request_tools(body))
         return render(messages)
 
     return json_response({"prompt": await asyncio.to_thread(apply)})
@@ -185,10 +221,11 @@ _T = TypeVar("_T")
 
 
 def chat_messages(
-    server: Server, body: Mapping[str, Any]
+    server: Server, body: Mapping[str, Any], tools: ToolRequest | None = None
 ) -> tuple[Messages, Callable[[Window], str], Callable[[Window], list[int]]]:
     """The request's validated `messages`, and how to render (part of) them with the chat
-    template, as text and as prompt tokens; a final assistant message is continued.
+    template, as text and as prompt tokens; a final assistant message is continued. `tools`
+    go to the template (its `tools`), or, where it knows none, into the system message.
 
     The prompt tokens hold the template's control tokens, and each message's content as
     plain text: a message cannot forge a turn by spelling out `<|im_start|>system`. CPU
@@ -211,6 +248,9 @@ def chat_messages(
     if asked is not None and not isinstance(asked, dict):
         raise ApiError("Field 'chat_template_kwargs' must be an object")
     variables = server.settings.template_variables(asked)
+    if tools is not None:
+        messages = tool_messages(prompts.template, messages, tools)
+        variables["tools"] = [dict(t) for t in tools.tools]
 
     def templated(apply: Callable[..., _T]) -> Callable[[Window], _T]:
         """`apply` (the template as text or as tokens) on a window; its errors are 400s."""
@@ -232,13 +272,13 @@ def chat_messages(
     return messages, templated(prompts.text), templated(prompts.tokens)
 
 
-def chat_to_completion_fields(body: dict[str, Any]) -> dict[str, Any]:
+def chat_to_completion_fields(body: dict[str, Any], *, jinja: bool = True) -> dict[str, Any]:
     """OpenAI chat fields -> llama-server's completion fields (its oaicompat_chat_params_parse)."""
     body = dict(body)
     tools = body.get("tools")
-    if isinstance(tools, list) and tools:
+    if not jinja and isinstance(tools, list) and tools:
         raise ApiError("tools param requires --jinja flag", "server_error")
-    if body.get("tool_choice") not in (None, "auto"):
+    if not jinja and body.get("tool_choice") not in (None, "auto"):
         raise ApiError("tool_choice param requires --jinja flag", "server_error")
     if body.get("json_schema") is not None and body.get("grammar"):
         raise ApiError("Cannot use both json_schema and grammar")

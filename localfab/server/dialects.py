@@ -9,6 +9,8 @@ array, OpenAI answers one object whose `choices` hold every result in order.
 
 from __future__ import annotations
 
+import secrets
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,15 @@ from localfab.server.jobs import Progress, Step
 from localfab.server.params import Generation
 
 Probs = Sequence[tuple[int, TokenProbs]]
+
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def new_call_id() -> str:
+    """A tool call's id as llama-server makes one: 32 random letters and digits."""
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(32))
+
+
 Detokenize = Callable[[Sequence[int]], str]
 
 
@@ -186,10 +197,34 @@ class Chat(Dialect):
         # Per result, while streaming with reasoning_format none: the text as llama-server
         # leaves it (the engine splits the others: TokenEvent.parts).
         self._unsplit: dict[int, Unsplit] = {}
+        # Per result: the ids of its tool calls (the model's, or made here), in call order.
+        self._call_ids: dict[int, list[str]] = {}
+
+    def _call_id(self, result: int, call: int, given: str = "") -> str:
+        ids = self._call_ids.setdefault(result, [])
+        while len(ids) <= call:
+            ids.append(given if len(ids) == call and given else new_call_id())
+        return ids[call]
+
+    def _tool_deltas(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
+        """With tools: the split's pieces, then what the token added to the calls."""
+        splits = self.reasoning.splits()
+        out = []
+        for kind, piece in event.parts or ():
+            key = "reasoning_content" if kind == "reasoning" and splits else "content"
+            out.append({key: piece})
+        for call in event.calls:
+            # A call's name comes once, with its first piece: so does its id.
+            call_id = self._call_id(index, call.index, call.id) if call.name else ""
+            if call.name or call.arguments:
+                out.append(shapes.tool_call_delta(call.index, call.name, call.arguments, call_id))
+        return out
 
     def _deltas(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
         """The stream's deltas for one event of one result (the split's pieces, or the text)."""
         reasoning = self.reasoning
+        if self.gen.tools is not None:
+            return self._tool_deltas(index, event)
         if reasoning.splits():
             return [
                 {"reasoning_content" if kind == "reasoning" else "content": piece}
@@ -239,7 +274,21 @@ class Chat(Dialect):
         self, reply: shapes.ResultMeta, done: Done, tokens: Sequence[int], probs: Probs
     ) -> dict[str, Any]:
         thinking = self.reasoning.thinking
-        if done.reasoning is not None and self.reasoning.splits():
+        if done.tool_calls is not None:
+            calls = [
+                shapes.tool_call_json(c.name, c.arguments, self._call_id(reply.index, i, c.id))
+                for i, c in enumerate(done.tool_calls)
+            ]
+            reasoning = done.reasoning if self.reasoning.splits() else None
+            res = shapes.chat_final(
+                reply,
+                done,
+                probs,
+                content=done.content,
+                reasoning=reasoning or "",
+                tool_calls=calls,
+            )
+        elif done.reasoning is not None and self.reasoning.splits():
             res = shapes.chat_final(
                 reply, done, probs, content=done.content, reasoning=done.reasoning
             )

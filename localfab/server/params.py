@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localfab.engine.reasoning import Thinking
+from localfab.engine.toolcalls import ToolCalling
 from localfab.engine.types import GenerationOptions, SamplingParams
 from localfab.server.errors import ApiError
 from localfab.server.settings import ServerSettings
@@ -147,6 +148,9 @@ class Generation:
     thinking: Thinking | None = None
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
+    # A chat request with tools: the reply's calls are parsed (and, with a grammar, held to
+    # the tools' schemas); see chat.tools.plan_tools.
+    tools: ToolCalling | None = None
     settings_json: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def options(self) -> GenerationOptions:
@@ -161,6 +165,7 @@ class Generation:
             thinking=self.thinking,
             reasoning_budget=self.reasoning_budget,
             reasoning_budget_message=self.reasoning_budget_message,
+            tools=self.tools,
         )
 
 

@@ -43,6 +43,9 @@ class ServerSettings:
     reasoning_format: str = "auto"
     reasoning: str = "auto"
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
+    # --jinja / --no-jinja: requests may carry tools (rendered by the chat template, the
+    # reply's calls parsed); llama-server's default is on.
+    jinja: bool = True
     # --reasoning-budget (tokens of thought before the block is closed; -1: no limit),
     # --reasoning-budget-message (written before the closing tag then), --reasoning-effort
     # (the template's reasoning_effort variable; "default": the template's own).

@@ -39,7 +39,11 @@ _STOP_TYPE = {"eos": "eos", "word": "word", "limit": "limit", "context": "limit"
 
 
 def finish_reason(done: Done) -> str:
-    return "stop" if done.stop_type in ("eos", "word") else "length"
+    """ "stop" at an end of generation or a stop word ("tool_calls" when the reply made calls),
+    "length" otherwise, as llama-server."""
+    if done.stop_type in ("eos", "word"):
+        return "tool_calls" if done.tool_calls else "stop"
+    return "length"
 
 
 def usage(done: Done) -> dict[str, Any]:
@@ -212,15 +216,18 @@ def chat_final(
     *,
     content: str | None = None,
     reasoning: str = "",
+    tool_calls: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The whole answer; `content` and `reasoning` where a thinking model's reply was split
-    (`reasoning_content` only when there is some, as llama-server)."""
+    (`reasoning_content` only when there is some, as llama-server), and its `tool_calls`."""
     message: dict[str, Any] = {
         "role": "assistant",
         "content": done.text if content is None else content,
     }
     if reasoning:
         message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = list(tool_calls)
     choice: dict[str, Any] = {
         "finish_reason": finish_reason(done),
         "index": reply.index,
@@ -258,6 +265,27 @@ def chat_chunk(
         "system_fingerprint": reply.fingerprint,
         "object": "chat.completion.chunk",
     }
+
+
+def tool_call_json(name: str, arguments: str, call_id: str) -> dict[str, Any]:
+    """One call in a message's `tool_calls`, as llama-server writes it."""
+    return {"type": "function", "function": {"name": name, "arguments": arguments}, "id": call_id}
+
+
+def tool_call_delta(index: int, name: str, arguments: str, call_id: str) -> dict[str, Any]:
+    """One call's piece in a stream's `delta.tool_calls`: id, type and name when it first
+    appears, then fragments of its arguments (empty fields left out, as llama-server)."""
+    item: dict[str, Any] = {"index": index}
+    if call_id:
+        item["id"] = call_id
+        item["type"] = "function"
+    function = {}
+    if name:
+        function["name"] = name
+    if arguments:
+        function["arguments"] = arguments
+    item["function"] = function
+    return {"tool_calls": [item]}
 
 
 def chat_role_chunk(reply: ResultMeta) -> dict[str, Any]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from localfab.chat.templates import ChatTemplate, resolve_template, validate_messages
+from localfab.chat.messages import validate_messages
+from localfab.chat.templates import ChatTemplate, resolve_template
 from localfab.errors import UsageError
 
 CHATML_GGUF = (

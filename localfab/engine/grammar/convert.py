@@ -19,6 +19,14 @@ def _module() -> Any:
     return llama_grammar
 
 
+def schema_converter() -> Any:
+    """A fresh instance of llama.cpp's JSON-schema-to-grammar converter (its SchemaConverter),
+    for grammars built from schemas and more (tool calls)."""
+    return _module().SchemaConverter(
+        prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
+    )
+
+
 def json_gbnf() -> str:
     """GBNF for any JSON value (llama.cpp's `grammars/json.gbnf`)."""
     return str(_module().JSON_GBNF)

@@ -1,0 +1,61 @@
+"""The words of tool calling: how a family writes calls (`CallSyntax`), a call (`Call`) and a
+piece of one as it streams (`CallDelta`). See `callparser` for how a reply is read with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Style = Literal["json", "tagged", "xml"]
+
+# Longest name a call may have: past this the "name" is prose, not a function's name.
+MAX_NAME = 128
+
+
+@dataclass(frozen=True)
+class CallSyntax:
+    """How one family writes tool calls (see the module's docstring). Markers are given as the
+    template writes them (the grammar uses them as they are; the parser ignores whitespace
+    around them)."""
+
+    style: Style
+    call_start: str  # before each call
+    call_end: str = ""  # after each call
+    section_start: str = ""  # once before all of the calls
+    section_end: str = ""  # once after them
+    array: bool = False  # "json": the calls are the items of one JSON array
+    name_key: str = "name"
+    args_key: str = "arguments"
+    id_key: str = ""
+    name_end: str = ""  # "tagged", "xml": after the name
+    key_start: str = ""  # "xml": before an argument's name
+    key_end: str = ""  # "xml": between an argument's name and its value
+    value_end: str = ""  # "xml": after a value
+    parallel: bool = True  # the template can write several calls in one reply
+    family: str = ""
+
+    @property
+    def trigger(self) -> str:
+        """The text that opens the calls: what the parser (and a lazy grammar) waits for."""
+        return self.section_start.strip() or self.call_start.strip()
+
+
+@dataclass
+class Call:
+    """One tool call as parsed so far."""
+
+    name: str
+    arguments: str = ""
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """What one piece of text added to a call: its name and id when it first appears, then
+    fragments of its arguments."""
+
+    index: int
+    name: str = ""
+    id: str = ""
+    arguments: str = ""

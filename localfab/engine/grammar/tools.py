@@ -1,0 +1,154 @@
+"""A grammar for a reply's tool calls, in the family's own syntax (`toolcalls.CallSyntax`).
+
+Each tool's arguments are held to its JSON schema (llama.cpp's schema-to-grammar, with the
+limits in `limits`); the markers around them are the template's. The grammar starts at the text
+that opens the calls (the trigger), so it can wait, lazily, until the model writes that text
+(`tool_choice` "auto"), or hold the whole reply (`required`). After the calls only the end of
+the reply may follow, as in llama-server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from localfab.engine.callsyntax import CallSyntax
+from localfab.engine.grammar.convert import schema_converter
+from localfab.engine.grammar.limits import GrammarLimitError, check_grammar, check_schema
+from localfab.errors import UsageError
+
+Tool = tuple[str, Mapping[str, Any]]  # a function's name and its parameters' JSON schema
+
+
+# Whitespace between markers: the newline templates put there.
+WS_RULE = r"[ \t\n]?"
+
+
+def _lit(converter: Any, text: str) -> str:
+    """`text` as a grammar literal, optional whitespace after it (and so between markers)."""
+    text = text.strip()
+    if not text:
+        return ""
+    # A marker that ends in `=` or a quote runs straight into what follows (`<function=NAME`).
+    return _quote(converter, text) + ("" if text[-1] in '="' else " ws")
+
+
+def _quote(converter: Any, text: str) -> str:
+    return str(converter._format_literal(text))
+
+
+def _seq(*parts: str) -> str:
+    """Grammar elements in a row, without two optional whitespaces next to each other."""
+    words: list[str] = []
+    for part in parts:
+        for word in part.split(" "):
+            if word and not (word == "ws" and words and words[-1] == "ws"):
+                words.append(word)
+    return " ".join(words)
+
+
+def _args_rule(converter: Any, name: str, schema: Mapping[str, Any]) -> str:
+    try:
+        check_schema(dict(schema))
+        resolved = converter.resolve_refs(dict(schema), "tool")
+        return str(converter.visit(resolved, f"{name}-args"))
+    except GrammarLimitError:
+        raise
+    except RecursionError:
+        raise UsageError(f"the parameters of tool {name!r} are nested too deeply") from None
+    except Exception as exc:  # the converter raises bare ValueError/KeyError/TypeError
+        raise UsageError(
+            f"the parameters of tool {name!r} cannot be turned into a grammar: {exc}"
+        ) from None
+
+
+def _xml_args(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, Any]) -> str:
+    """One tag pair per argument: strings as raw text up to the value's end tag, other
+    types as JSON."""
+    props = schema.get("properties") if isinstance(schema, Mapping) else None
+    # Raw text up to the end tag: any text without "<" + the tag's second character (llama.cpp's
+    # exact "anything but the tag" automaton makes runs of optional elements past the limits).
+    end = s.value_end.strip()
+    second = converter._format_literal(end[1:2]) if len(end) > 1 else ""
+    until = converter._add_rule(
+        "xml-text", f'([^{end[0]}] | "{end[0]}" [^{end[1:2]}])*' if second else f"[^{end[0]}]*"
+    )
+    fmt = converter._format_literal
+    required = set(schema.get("required") or ())
+    pairs = []
+    for key, sub in (props or {}).items():
+        if not isinstance(sub, Mapping):
+            continue
+        if sub.get("type") == "string" and isinstance(sub.get("enum"), list):
+            value = "(" + " | ".join(fmt(str(v)) for v in sub["enum"]) + ")"
+        elif sub.get("type") == "string":  # raw text, its newlines included
+            value = until
+        else:
+            value = f"ws {_args_rule(converter, f'{name}-{key}', sub)} ws"
+        pair = _seq(
+            "ws",
+            fmt(s.key_start.strip()),
+            fmt(key),
+            fmt(s.key_end.strip()),
+            value,
+            fmt(s.value_end.strip()),
+        )
+        # In the schema's order; the required ones must be there.
+        rule = converter._add_rule(f"{name}-{key}-param", pair)
+        pairs.append(rule if key in required else f"{rule}?")
+    return _seq(*pairs, "ws") if pairs else "ws"
+
+
+def _call_rule(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, Any]) -> str:
+    fmt = converter._format_literal
+    if s.style == "json":
+        args = _args_rule(converter, name, schema)
+        body = (
+            f'"{{" space {fmt(json.dumps(s.name_key))} space ":" space {fmt(json.dumps(name))} '
+            f'space "," space {fmt(json.dumps(s.args_key))} space ":" space {args} space "}}" ws'
+        )
+    elif s.style == "tagged":
+        body = _seq(
+            fmt(name), _lit(converter, s.name_end), _args_rule(converter, name, schema), "ws"
+        )
+    else:
+        body = _seq(fmt(name), fmt(s.name_end.strip()), _xml_args(converter, s, name, schema))
+    return str(converter._add_rule(f"call-{name}", body))
+
+
+def tool_call_grammar(syntax: CallSyntax, tools: Sequence[Tool], *, parallel: bool = True) -> str:
+    """GBNF for one or more calls (one when not `parallel`) of `tools`, from the trigger on."""
+    if not tools:
+        raise UsageError("a tool-call grammar needs at least one tool")
+    converter = schema_converter()
+    converter._add_rule("ws", WS_RULE)
+    calls = " | ".join(_call_rule(converter, syntax, name, schema) for name, schema in tools)
+    call = converter._add_rule("call", calls)
+    s = syntax
+    if s.style == "json" and s.array:
+        more = f'("," ws {call})*' if parallel else ""
+        body = _seq('"["', "ws", call, more, '"]"', "ws")
+    else:
+        one = converter._add_rule(
+            "one-call", _seq(_lit(converter, s.call_start), call, _lit(converter, s.call_end))
+        )
+        body = f"{one}+" if parallel else one
+    root = _seq(_lit(converter, s.section_start), body, _lit(converter, s.section_end))
+    converter._add_rule("root", root)
+    grammar = str(converter.format_grammar())
+    try:
+        check_grammar(grammar)
+    except GrammarLimitError as exc:
+        raise GrammarLimitError(f"the grammar made from the tools is too large: {exc}") from None
+    return grammar
+
+
+def trigger_patterns(syntax: CallSyntax, after: str = "") -> tuple[str, ...]:
+    """The lazy grammar's triggers: the calls' opening text (llama.cpp's trigger word), or,
+    with `after` (a reasoning block's end tag), the first text after it (the grammar then holds
+    the whole answer)."""
+    if after:
+        return (re.escape(after) + r"\s*(\S)",)
+    return (re.escape(syntax.trigger),) if syntax.trigger else ()

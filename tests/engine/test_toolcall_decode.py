@@ -1,0 +1,158 @@
+"""Tool calls in the token step on the real model: the grammar holds a call to the tool's schema
+in each family's own syntax, the calls stream as the reply does, a call written while thinking is
+a thought, and speculative decoding finds the same calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localfab.chat.tools import ToolRequest, plan_tools
+from localfab.chat.toolsyntax import GENERIC, tool_syntax
+from localfab.engine import Done, GenerationOptions, SamplingParams, TokenEvent
+from localfab.engine.grammar.tools import tool_call_grammar, trigger_patterns
+from localfab.engine.reasoning import Thinking
+from localfab.engine.toolcalls import Assembled, ToolCalling
+from tests.engine.test_spec import NGRAM, REWRITE
+from tests.engine.test_toolcalls import FAMILIES, WEATHER, template
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Oslo", "Lima"]},
+        "days": {"type": "integer"},
+    },
+    "required": ["city", "days"],
+}
+TOOL = [("get_weather", SCHEMA)]
+
+
+@pytest.fixture(scope="module")
+def eng(model_path: Path) -> Iterator[Any]:
+    from localfab.engine import Engine, EngineSettings
+
+    engine = Engine(model_path, EngineSettings(n_ctx=2048, n_batch=512))
+    yield engine
+    engine.close()
+
+
+def run(engine: Any, prompt: list[int], opts: GenerationOptions) -> tuple[str, Assembled, Done]:
+    """The content and the calls as the events carried them, and the Done."""
+    content, calls, done = "", Assembled(), None
+    for event in engine.stream(prompt, opts):
+        if isinstance(event, TokenEvent):
+            content += "".join(t for k, t in event.parts or () if k == "content")
+            for delta in event.calls:
+                calls.add(delta)
+        else:
+            done = event
+    assert done is not None
+    return content, calls, done
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_grammar_holds_a_call_to_the_schema_in_each_familys_syntax(eng: Any, name: str) -> None:
+    """`tool_choice: required`: whatever the (base) model would write, the reply is a call in
+    the family's syntax whose arguments fit the schema, and the stream adds up to it."""
+    syntax = tool_syntax(template(name))
+    assert syntax is not None
+    grammar = tool_call_grammar(syntax, TOOL, parallel=False)
+    calling = ToolCalling(
+        syntax,
+        frozenset({"get_weather"}),
+        (("get_weather", (("city", "string"), ("days", "integer"))),),
+        parallel=False,
+    )
+    opts = GenerationOptions(
+        max_tokens=160, sampling=SamplingParams(temperature=0, grammar=grammar), tools=calling
+    )
+    eng.clear_cache()
+    content, calls, done = run(eng, eng.tokenize("The weather in Oslo for 3 days:"), opts)
+    assert done.tool_calls is not None and len(done.tool_calls) == 1, done.text
+    call = done.tool_calls[0]
+    args = json.loads(call.arguments)
+    assert call.name == "get_weather" and args["city"] in ("Oslo", "Lima")
+    assert isinstance(args["days"], int)
+    assert [(c.name, c.arguments) for c in calls.calls] == [(call.name, call.arguments)]
+    assert content == done.content == ""
+    assert done.stop_type == "eos"  # the grammar ends the reply after the call
+
+
+def test_a_lazy_grammar_waits_for_the_marker_then_holds_the_call(eng: Any) -> None:
+    """`auto` on the test model's template, which knows no tools (the generic syntax): the
+    model writes text, then `<tool_call>`, and from there the grammar decides."""
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.chat.tools import tool_messages
+
+    builder = PromptBuilder(eng)
+    asked = ToolRequest((WEATHER,), parallel=False)
+    messages = tool_messages(
+        builder.template, [{"role": "user", "content": "Weather in Oslo?"}], asked
+    )
+    plan = plan_tools(asked, builder.template)
+    assert plan.generic and plan.triggers == trigger_patterns(GENERIC)
+    sampling = SamplingParams(temperature=0, grammar=plan.grammar, grammar_triggers=plan.triggers)
+    eng.clear_cache()
+    content, calls, done = run(
+        eng,
+        builder.tokens(messages),
+        GenerationOptions(max_tokens=80, sampling=sampling, tools=plan.calling),
+    )
+    assert done.tool_calls and done.tool_calls[0].name == "get_weather"
+    assert "city" in json.loads(done.tool_calls[0].arguments)
+    assert content == done.content and "<tool_call>" not in content
+    assert done.text.index("<tool_call>") > 0  # text came first, unconstrained
+
+
+HERMES_FORCED = (
+    '<think>I could call <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call> now.</think>'
+    'Calling. <tool_call>\n{"name": "g", "arguments": {"x": 1}}\n</tool_call>'
+)
+
+
+def test_a_call_written_while_thinking_is_a_thought(eng: Any) -> None:
+    syntax = tool_syntax(template("Qwen-Qwen3-0.6B.jinja"))
+    assert syntax is not None
+    forced = "root ::= " + json.dumps(HERMES_FORCED)
+    opts = GenerationOptions(
+        max_tokens=120,
+        sampling=SamplingParams(temperature=0, grammar=forced),
+        thinking=Thinking("<think>", "</think>"),
+        tools=ToolCalling(syntax),
+    )
+    eng.clear_cache()
+    content, calls, done = run(eng, eng.tokenize("Go:"), opts)
+    assert done.text == HERMES_FORCED
+    assert done.reasoning is not None and '"name": "f"' in done.reasoning
+    assert [(c.name, c.arguments) for c in done.tool_calls or ()] == [("g", '{"x": 1}')]
+    assert content == done.content == "Calling. "
+
+
+def test_speculative_decoding_finds_the_same_calls(eng: Any) -> None:
+    """Prompt lookup drafts the rewrite; the calls are the same with and without it."""
+    syntax = tool_syntax(template("Qwen-Qwen2.5-7B-Instruct.jinja"))
+    assert syntax is not None
+    opts = GenerationOptions(
+        max_tokens=80,
+        sampling=SamplingParams(temperature=0, ignore_eos=True),
+        tools=ToolCalling(syntax),
+    )
+    text = (
+        'Say <tool_call>\n{"name": "say", "arguments": {"text": "Thomas went home."}}\n</tool_call>'
+    )
+    prompt = eng.tokenize(REWRITE.replace("Thomas", text, 1))
+    eng.clear_cache()
+    plain = run(eng, prompt, opts)
+    eng.set_speculation(NGRAM)
+    try:
+        eng.clear_cache()
+        fast = run(eng, prompt, opts)
+    finally:
+        eng.set_speculation(None)
+    assert fast[2].tokens == plain[2].tokens
+    assert fast[2].tool_calls == plain[2].tool_calls and fast[0] == plain[0]
+    assert fast[2].timings.draft_n_accepted > 0

@@ -1,0 +1,194 @@
+"""Tool calling on the server, with the official openai client over real sockets.
+
+The test model cannot decide to call a tool; `tool_choice: required` (or a named tool) and the
+grammar make it call one, which exercises everything but the model's judgement: the tools in
+the prompt, the grammar, the parse, the stream, the ids, the tool message that comes back."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from localfab.chat.prompt import PromptBuilder
+from localfab.chat.templates import ChatTemplate
+from localfab.server import ServerSettings
+from tests.serverproc import serve, serve_in_process
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "engine" / "templates"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima"]}},
+            "required": ["city"],
+        },
+    },
+}
+QUESTION = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+def streamed_calls(stream: Any) -> tuple[str, list[dict[str, str]], str | None]:
+    """Content, calls and finish reason put back together from a stream, as clients do."""
+    content, calls, finish = "", [], None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        content += delta.content or ""
+        for piece in delta.tool_calls or ():
+            if piece.index == len(calls):
+                assert piece.id and piece.type == "function" and piece.function.name
+                calls.append({"id": piece.id, "name": "", "arguments": ""})
+            call = calls[piece.index]
+            call["name"] += piece.function.name or ""
+            call["arguments"] += piece.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, calls, finish
+
+
+def tool_loop(client: OpenAI) -> None:
+    """Request with tools -> a call (whole and streamed alike) -> the tool's result -> an
+    answer."""
+    ask = {"model": "m", "tools": [WEATHER], "tool_choice": "required", "temperature": 0}
+    whole = client.chat.completions.create(
+        messages=QUESTION, parallel_tool_calls=False, max_tokens=60, **ask
+    )
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == ""
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather" and len(call.id) == 32
+    assert json.loads(call.function.arguments)["city"] in ("Oslo", "Lima")
+    stream = client.chat.completions.create(
+        messages=QUESTION, parallel_tool_calls=False, max_tokens=60, stream=True, **ask
+    )
+    content, calls, finish = streamed_calls(stream)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+    history = [
+        *QUESTION,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear", "c": 21}'},
+    ]
+    answer = client.chat.completions.create(
+        model="m",
+        messages=history,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_tokens=16,
+        temperature=0,
+    )
+    final = answer.choices[0]
+    assert final.message.tool_calls is None and final.message.content
+    assert final.finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_a_full_tool_loop_with_the_openai_client(model_path: Path, slots: int) -> None:
+    """On `localfab serve` (the test model knows no tools: they are described to it and its
+    calls come in `<tool_call>` JSON); with -np 4, four clients at once."""
+    with serve(model_path, "-c", str(1024 * slots), "-np", str(slots)) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        errors: list[BaseException] = []
+
+        def loop() -> None:
+            try:
+                tool_loop(client)
+            except BaseException as exc:  # reported below, from the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=loop) for _ in range(slots)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+        assert not errors, errors[0]
+        props = httpx.get(server.url + "/props").json()
+        assert props["chat_template_caps"]["supports_tool_calls"] is False
+
+
+@pytest.fixture(scope="module")
+def qwen(model_path: Path) -> Iterator[str]:
+    """The test model with Qwen2.5's template, whose calls are `<tool_call>` JSON."""
+    from localfab.engine import EngineSettings
+    from localfab.runtime import load_model
+
+    loaded = load_model(model_path, EngineSettings(n_ctx=2048, n_batch=512, n_seq_max=2))
+    source = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    loaded.prompts = PromptBuilder(loaded.engine, ChatTemplate(source, "gguf"))
+    yield from serve_in_process(loaded, ServerSettings(n_parallel=2))
+
+
+def post(url: str, **body: Any) -> httpx.Response:
+    body = {"messages": QUESTION, "max_tokens": 60, "temperature": 0, **body}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def test_the_models_own_template_shows_the_tools_and_reads_its_calls(qwen: str) -> None:
+    prompt = httpx.post(
+        qwen + "/apply-template", json={"messages": QUESTION, "tools": [WEATHER]}
+    ).json()["prompt"]
+    assert "<tools>" in prompt and '"get_weather"' in prompt
+    r = post(
+        qwen, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    calls = choice["message"]["tool_calls"]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["type"] == "function"
+    # Two results (n=2) on the two slots, each with its call and its own ids.
+    r = post(qwen, tools=[WEATHER], tool_choice="required", n=2, parallel_tool_calls=False)
+    choices = r.json()["choices"]
+    assert [c["finish_reason"] for c in choices] == ["tool_calls", "tool_calls"]
+    ids = {c["message"]["tool_calls"][0]["id"] for c in choices}
+    assert len(ids) == 2
+    props = httpx.get(qwen + "/props").json()
+    assert props["chat_template_caps"]["supports_tool_calls"] is True
+
+
+def test_requests_llama_server_refuses_are_refused_alike(qwen: str, model_path: Path) -> None:
+    cases = [
+        (
+            {"tools": [WEATHER], "grammar": 'root ::= "x"'},
+            400,
+            "Cannot use custom grammar constraints with tools.",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "always"}, 400, "Invalid tool_choice: always"),
+        ({"tools": [{"type": "retrieval"}]}, 400, "Failed to parse tools"),
+        ({"tools": [{"function": {"name": "f"}}]}, 400, "Missing tool type"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            400,
+            "Invalid tool_choice",
+        ),
+        (
+            {"tools": [WEATHER], "stream": True, "logprobs": True},
+            400,
+            "logprobs is not supported with tools + stream",
+        ),
+    ]
+    for body, status, message in cases:
+        r = post(qwen, **body)
+        assert r.status_code == status, (body, r.text)
+        assert message in r.json()["error"]["message"]
+    # tool_choice none: the tools are shown, nothing is parsed or constrained.
+    r = post(qwen, tools=[WEATHER], tool_choice="none", max_tokens=8)
+    assert r.status_code == 200 and "tool_calls" not in r.json()["choices"][0]["message"]
+    with serve(model_path, "-c", "512", "--no-jinja") as server:
+        r = post(server.url, tools=[WEATHER])
+        assert r.status_code == 500
+        assert r.json()["error"]["message"] == "tools param requires --jinja flag"
