@@ -79,6 +79,8 @@ class CallParser:
         self._gen: Generator[None, None, None] | None = None
         self._trigger = syntax.trigger
         self._streamed = -1  # where the arguments' text was given up to, while they stream
+        self._n_streamed = 0  # calls given out (dropped ones too)
+        self._index = 0  # the stream's index of the call being read
 
     # --- the public side ---------------------------------------------------------------------
 
@@ -161,8 +163,8 @@ class CallParser:
     def _give_up(self) -> None:
         """The region broke the syntax (or the text ended inside it). The calls it finished
         stay; one it had begun is dropped (`broken`: its name and arguments were given out
-        already); the rest of its text is content. Where it gave out no call, the text after
-        its trigger is looked at again for calls."""
+        already); its text is content, and the text after its trigger (or, where it gave out a
+        call, after where it broke) is looked at again for calls."""
         region = self._region
         assert region is not None
         self._region, self._gen = None, None
@@ -170,12 +172,14 @@ class CallParser:
         if len(self.calls) > region.n_calls:
             del self.calls[region.n_calls :]
             self.broken = True
-        if region.emitted or not self._trigger:  # (a marker-less call is the whole answer)
-            self._content(buf)
-            self._buf = ""
+        if not self._trigger:  # a marker-less call is the whole answer: all of it is content
+            cut = len(buf)
+        elif region.emitted:  # from where the text broke on, it is looked at again
+            cut = max(self._pos, 1)
         else:
-            self._content(buf[: region.start])
-            self._buf = buf[region.start :]
+            cut = region.start
+        self._content(buf[:cut])
+        self._buf = buf[cut:]
         self._pos = 0
 
     def _content(self, text: str) -> None:
@@ -309,17 +313,19 @@ class CallParser:
             raise _Broken
         if self.names is not None and name not in self.names:
             raise _Broken
-        index = len(self.calls)
+        # A stream's index for the call: never one a dropped call had (`broken`).
+        self._index = self._n_streamed
+        self._n_streamed += 1
         self.calls.append(Call(name, "", call_id))
         assert self._region is not None
         self._region.emitted = True
-        self._out.append(("call", CallDelta(index, name=name, id=call_id)))
+        self._out.append(("call", CallDelta(self._index, name=name, id=call_id)))
 
     def _args(self, text: str) -> None:
         if text:
             call = self.calls[-1]
             call.arguments += text
-            self._out.append(("call", CallDelta(len(self.calls) - 1, arguments=text)))
+            self._out.append(("call", CallDelta(self._index, arguments=text)))
 
     # --- JSON ----------------------------------------------------------------------------------
 
@@ -365,7 +371,7 @@ class CallParser:
             found["id"] = yield from self._json_string()
             if named:
                 self.calls[-1].id = found["id"]
-                self._out.append(("call", CallDelta(len(self.calls) - 1, id=found["id"])))
+                self._out.append(("call", CallDelta(self._index, id=found["id"])))
         else:
             yield from self._json_value(stream=False)
 
