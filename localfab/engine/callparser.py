@@ -29,7 +29,7 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from localfab.engine.callsyntax import MAX_NAME, Call, CallDelta, CallSyntax
+from localfab.engine.callsyntax import MAX_NAME, Call, CallDelta, CallSyntax, typed_value
 
 
 class _Broken(Exception):
@@ -477,24 +477,10 @@ class CallParser:
                 value = value[1:]
             if value.endswith("\n"):
                 value = value[:-1]
-            piece = json.dumps(key, ensure_ascii=False) + ":" + _typed(value, types.get(key))
+            piece = json.dumps(key, ensure_ascii=False) + ":" + typed_value(value, types.get(key))
             self._args(("," if opened else "{") + piece)
             opened = True
         self._args("}" if opened else "{}")
-
-
-def _typed(value: str, kind: str | None) -> str:
-    """An XML-style argument's value as JSON: a string unless its schema type says otherwise
-    (or, without a schema, unless it reads as JSON)."""
-    if kind != "string":
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            parsed = None
-        else:
-            if kind is not None or not isinstance(parsed, str):
-                return json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
-    return json.dumps(value, ensure_ascii=False)
 
 
 def _partial_tail(text: str, marker: str) -> int:

@@ -4,6 +4,7 @@ piece of one as it streams (`CallDelta`). See `callparser` for how a reply is re
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,3 +60,17 @@ class CallDelta:
     name: str = ""
     id: str = ""
     arguments: str = ""
+
+
+def typed_value(value: str, kind: str | None) -> str:
+    """An XML-style argument's value as JSON: a string unless its schema type says otherwise
+    (or, without a schema, unless it reads as JSON)."""
+    if kind != "string":
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        else:
+            if kind is not None or not isinstance(parsed, str):
+                return json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False)
