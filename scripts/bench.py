@@ -70,7 +70,14 @@ def engine_pp_tg(
 ) -> dict[str, list[float]]:
     """pp and tg of the localfab engine, the way llama-bench measures them (tokens/s); and
     tg with a thinking model's split running on every token ("tg_split": a reply inside a
-    block the prompt opened, so every token goes through the split), alternating with tg."""
+    block the prompt opened, so every token goes through the split), and tg of a request with
+    tools (`tool_choice` auto: the call parser on every token and the lazy grammar waiting for
+    `<tool_call>`, which the text never writes: "tg_tools") against the same sampling without
+    them ("tg_sampled"), alternating with tg."""
+    from dataclasses import replace
+
+    from localfab.chat.templates import BUILTIN_TEMPLATES, ChatTemplate
+    from localfab.chat.tools import ToolRequest, plan_tools
     from localfab.engine import Engine, EngineSettings, GenerationOptions, SamplingParams
     from localfab.engine.reasoning import Thinking
 
@@ -85,7 +92,23 @@ def engine_pp_tg(
     pp: list[float] = []
     tg: list[float] = []
     tg_split: list[float] = []
+    tg_sampled: list[float] = []
+    tg_tools: list[float] = []
     opened = Thinking("<think>", "</think>", opened_by_prompt=True)
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    # A template that writes no calls: the generic <tool_call> syntax, as for the test model.
+    tools = plan_tools(ToolRequest((weather,)), ChatTemplate(BUILTIN_TEMPLATES["gemma"], "gemma"))
+    assert tools.generic and tools.triggers
     with Engine(path, settings) as engine:
         vocab = engine.n_vocab
         greedy = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -102,16 +125,27 @@ def engine_pp_tg(
             pp.append(done.timings.prompt_n / done.timings.prompt_ms * 1e3)
         engine.clear_cache()
         engine.generate([engine.bos_token], max_tokens=2, sampling=greedy)
+        # Tools are measured against the same sampling without them: a chain at the server's
+        # default temperature (the greedy runs use a plain arg-max, no chain at all).
+        sampled = replace(greedy, temperature=0.8, seed=42)
+        lazy = replace(sampled, grammar=tools.grammar, grammar_triggers=tools.triggers)
+        kinds = {
+            "tg": GenerationOptions(max_tokens=n_gen + 1, sampling=greedy),
+            "tg_split": GenerationOptions(max_tokens=n_gen + 1, sampling=greedy, thinking=opened),
+            "tg_sampled": GenerationOptions(max_tokens=n_gen + 1, sampling=sampled),
+            "tg_tools": GenerationOptions(max_tokens=n_gen + 1, sampling=lazy, tools=tools.calling),
+        }
+        out = {"tg": tg, "tg_split": tg_split, "tg_sampled": tg_sampled, "tg_tools": tg_tools}
         for rep in range(reps):
-            for split in (False, True) if rep % 2 == 0 else (True, False):
-                opts = GenerationOptions(
-                    max_tokens=n_gen + 1, sampling=greedy, thinking=opened if split else None
-                )
+            order = list(kinds) if rep % 2 == 0 else list(kinds)[::-1]
+            for kind in order:
                 engine.clear_cache()
-                t = engine.generate([engine.bos_token], opts).timings
+                done = engine.generate([engine.bos_token], kinds[kind])
+                assert kind != "tg_tools" or not done.tool_calls, "the text wrote a call"
+                t = done.timings
                 # predicted_ms spans the decode steps after the first sampled token.
-                (tg_split if split else tg).append((t.predicted_n - 1) / t.predicted_ms * 1e3)
-    return {"pp": pp, "tg": tg, "tg_split": tg_split}
+                out[kind].append((t.predicted_n - 1) / t.predicted_ms * 1e3)
+    return {"pp": pp, **out}
 
 
 def llama_bench(
@@ -175,7 +209,13 @@ def help_startup(reps: int = 5) -> float:
 
 def cmd_engine(args: argparse.Namespace) -> dict[str, Any]:
     path = resolve(args.model)
-    ours: dict[str, list[float]] = {"pp": [], "tg": [], "tg_split": []}
+    ours: dict[str, list[float]] = {
+        "pp": [],
+        "tg": [],
+        "tg_split": [],
+        "tg_sampled": [],
+        "tg_tools": [],
+    }
     theirs: dict[str, list[float]] = {"pp": [], "tg": []}
     kw = dict(
         swa_full=args.swa_full,
@@ -212,6 +252,11 @@ def cmd_engine(args: argparse.Namespace) -> dict[str, Any]:
         f"localfab_tg{args.n_gen}": statistics.median(ours["tg"]),
         f"localfab_tg{args.n_gen}_thinking_split": statistics.median(ours["tg_split"]),
         "thinking_split_ratio": statistics.median(ours["tg_split"]) / statistics.median(ours["tg"]),
+        f"localfab_tg{args.n_gen}_sampled": statistics.median(ours["tg_sampled"]),
+        f"localfab_tg{args.n_gen}_sampled_tools_auto": statistics.median(ours["tg_tools"]),
+        "tools_auto_ratio": (
+            statistics.median(ours["tg_tools"]) / statistics.median(ours["tg_sampled"])
+        ),
         "help_startup_ms": help_startup(),
     }
     if args.llama_bench:

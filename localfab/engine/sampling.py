@@ -98,8 +98,12 @@ class GuardedSampler:
                 )
             self.grammar = grammar
         # Nothing to guard without a grammar: the biases go into the chain and
-        # llama_sampler_sample applies and accepts it in one C call, as before.
-        self._native = ctx is not None and self.grammar is None
+        # llama_sampler_sample applies and accepts it in one C call, as before. A lazy grammar
+        # samples that way too until it starts: each token is checked against it alone, and
+        # the first one it refuses hands sampling to the guarded path for good (which adds the
+        # biases again: only bans, -inf either way, allow this).
+        self._lazy = bool(params.grammar_triggers) and all(b == -np.inf for b in bias.values())
+        self._native = ctx is not None and (self.grammar is None or self._lazy)
         try:
             self.chain = self._build_chain(params, n_ctx, bias if self._native else {})
         except BaseException:
@@ -109,6 +113,7 @@ class GuardedSampler:
         self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self._ids = np.arange(n_vocab, dtype=np.int32)
         self._cand = np.empty(n_vocab, dtype=_TOKEN_DATA)
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
         self._kept = 0  # candidates the chain kept at the last `sample` (not the native path)
 
     def _build_chain(
@@ -230,8 +235,25 @@ class GuardedSampler:
     def sample_at(self, logits: np.ndarray, index: int) -> int:
         """Like `sample`, for output `index` of the last batch (`logits` are that row)."""
         if self._native:
-            return int(lc.llama_sampler_sample(self.chain, self._ctx, index))
+            tok = int(lc.llama_sampler_sample(self.chain, self._ctx, index))
+            if self.grammar is None or self._allows(tok):
+                return tok
+            # The lazy grammar has started and refuses the chain's pick (which the chain has
+            # taken in: penalties see one token that was not kept): from now on the grammar
+            # goes first.
+            self._native = False
         return self.sample(logits)
+
+    def _allows(self, tok: int) -> bool:
+        """Whether the grammar lets `tok` come next (a waiting lazy grammar lets any)."""
+        one = self._one
+        one["id"] = tok
+        one["logit"] = 0.0
+        arr = lc.llama_token_data_array(
+            data=one.ctypes.data_as(lc.llama_token_data_p), size=1, selected=-1, sorted=False
+        )
+        lc.llama_sampler_apply(self.grammar, ctypes.byref(arr))
+        return bool(one["logit"][0] > -np.inf)
 
     def accept(self, token: int, *, grammar: bool = True) -> None:
         """Record `token` as chosen (grammar state, repetition penalties); with `grammar`
