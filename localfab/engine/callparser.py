@@ -183,6 +183,8 @@ class CallParser:
         self._pos = 0
 
     def _content(self, text: str) -> None:
+        if not self.content and not self.calls:  # whitespace the answer starts with goes, as
+            text = text.lstrip()  # llama-server's parser drops it
         if text:
             self.content += text
             self._out.append(("content", text))

@@ -164,16 +164,19 @@ def request_tools(body: Mapping[str, Any]) -> ToolRequest | None:
 def with_tools(
     server: Server, gen: Generation, tools: ToolRequest, reasoning: Reasoning
 ) -> Generation:
-    """`gen` with the request's tool calls parsed and, unless the request has a JSON schema of
-    its own, held to the tools' schemas by a grammar (lazy for `auto`). CPU work (the
-    schemas become a grammar): call from a thread."""
+    """`gen` with the request's tool calls parsed and held to the tools' schemas by a grammar
+    (lazy for `auto`). A request with a JSON schema of its own (`response_format`) gets a reply
+    in that shape, which is content, as llama-server answers it. CPU work (the schemas become a
+    grammar): call from a thread."""
+    if gen.sampling.grammar or tools.choice == "none":
+        return gen
     thinking = reasoning.thinking if reasoning.splits() else None
     try:
         plan = plan_tools(tools, server.model.prompts.template, thinking.end if thinking else "")
     except UsageError as exc:
         raise api_error(exc) from exc
     sampling = gen.sampling
-    if plan.grammar is not None and not sampling.grammar:
+    if plan.grammar is not None:
         sampling = replace(sampling, grammar=plan.grammar, grammar_triggers=plan.triggers)
     return replace(gen, sampling=sampling, tools=plan.calling)
 

@@ -1,10 +1,12 @@
 """Hostile tool definitions and garbled model output against `localfab serve` in a child process.
 
 Tools with generated JSON schemas (small valid ones, broken ones, ones far past the grammar's
-limits), odd names, every tool_choice; replies forced by a `json_schema` into JSON objects that
-look like calls, nearly like calls, or not at all (the server reads them with Llama 3's
-marker-less syntax, where a reply that is one JSON object is a call). The server never dies,
-answers 200 or 400, streams what it answers whole, and its memory stays bounded.
+limits), odd names, every tool_choice; and replies pushed into garbage by `logit_bias` on the
+pieces calls are made of (markers, braces, quotes, key names), so the model writes half-calls,
+calls in pieces and broken JSON (Qwen2.5's `<tool_call>` syntax: the lazy grammar takes over
+where a whole marker appears; Llama 3.3's marker-less one: nothing constrains the JSON). The
+server never dies, answers 200 or 400, streams what it answers whole, and its memory stays
+bounded.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ FUZZ = settings(
 )
 
 
-@pytest.fixture(scope="module")
-def server(model_path: Path) -> Iterator[ServerProcess]:
-    template = TEMPLATE / "meta-llama-Llama-3.3-70B-Instruct.jinja"
+@pytest.fixture(
+    scope="module",
+    params=["Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja"],
+)
+def server(model_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    template = TEMPLATE / request.param
     with serve(model_path, "-c", "2048", "--chat-template-file", str(template)) as srv:
         yield srv
 
@@ -61,16 +66,29 @@ def tools(draw: st.DrawFn) -> list[Any]:
     return out
 
 
-# Replies the model is made to write: call objects, near-calls, and other JSON.
-CALLISH = st.fixed_dictionaries(
-    {"name": st.sampled_from(["f", "get_weather", "nope", 1, None])},
-    optional={
-        "parameters": st.one_of(
-            st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.text(max_size=4)
-        ),
-        "type": st.just("function"),
-        "extra": st.lists(st.integers(), max_size=3),
-    },
+# What calls are made of: the model is pushed towards these pieces, in any order.
+PIECES = st.sampled_from(
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "{",
+        "}",
+        '"',
+        '"name"',
+        '"arguments"',
+        '"parameters"',
+        ":",
+        ",",
+        "f",
+        "get_weather",
+        "[",
+        "]",
+        "\n",
+        "true",
+        "1",
+        "<",
+        "tool",
+    ]
 )
 
 
@@ -98,8 +116,8 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
         body["tool_choice"] = choice
     if draw(st.booleans()):
         body["parallel_tool_calls"] = draw(st.sampled_from([True, False, "yes"]))
-    if draw(st.integers(0, 2)) > 0:
-        body["json_schema"] = {"const": draw(st.one_of(CALLISH, st.lists(CALLISH, max_size=2)))}
+    if draw(st.integers(0, 3)) > 0:
+        body["logit_bias"] = draw(st.dictionaries(PIECES, st.floats(2, 30), min_size=1, max_size=6))
     return body
 
 
@@ -133,16 +151,21 @@ def streamed(server: ServerProcess, body: dict[str, Any]) -> tuple[str, list[tup
 @FUZZ
 @given(body=requests())
 def test_hostile_tools_and_garbled_calls(server: ServerProcess, body: dict[str, Any]) -> None:
+    """200 or 400; a whole answer's calls name a given tool and carry JSON arguments (a call
+    the model garbled is text); the stream is well formed and its calls name given tools. (A
+    stream may show a call that broke after its name came, which the whole answer leaves out:
+    the stream cannot take back what it sent; a second run may also write other text, as a
+    prompt found in the cache is not computed in the same order.)"""
     reply = check(server, body)
     if reply.status_code != 200:
         return
+    names = {t["function"].get("name") for t in body["tools"]}
     message = reply.json()["choices"][0]["message"]
-    calls = [
-        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])
-    ]
-    for _, arguments in calls:
-        json.loads(arguments)
-    assert streamed(server, body) == (message["content"], calls)
+    for call in message.get("tool_calls", []):
+        assert call["function"]["name"] in names
+        json.loads(call["function"]["arguments"])
+    _, calls = streamed(server, body)
+    assert all(name in names for name, _ in calls)
 
 
 def test_memory_stays_bounded(server: ServerProcess) -> None:
