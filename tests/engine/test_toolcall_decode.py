@@ -5,8 +5,6 @@ a thought, and speculative decoding finds the same calls."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,15 +29,6 @@ SCHEMA = {
 TOOL = [("get_weather", SCHEMA)]
 
 
-@pytest.fixture(scope="module")
-def eng(model_path: Path) -> Iterator[Any]:
-    from localfab.engine import Engine, EngineSettings
-
-    engine = Engine(model_path, EngineSettings(n_ctx=2048, n_batch=512))
-    yield engine
-    engine.close()
-
-
 def run(engine: Any, prompt: list[int], opts: GenerationOptions) -> tuple[str, Assembled, Done]:
     """The content and the calls as the events carried them, and the Done."""
     content, calls, done = "", Assembled(), None
@@ -55,7 +44,9 @@ def run(engine: Any, prompt: list[int], opts: GenerationOptions) -> tuple[str, A
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_the_grammar_holds_a_call_to_the_schema_in_each_familys_syntax(eng: Any, name: str) -> None:
+def test_the_grammar_holds_a_call_to_the_schema_in_each_familys_syntax(
+    engine: Any, name: str
+) -> None:
     """`tool_choice: required`: whatever the (base) model would write, the reply is a call in
     the family's syntax whose arguments fit the schema, and the stream adds up to it."""
     syntax = tool_syntax(template(name))
@@ -70,8 +61,8 @@ def test_the_grammar_holds_a_call_to_the_schema_in_each_familys_syntax(eng: Any,
     opts = GenerationOptions(
         max_tokens=160, sampling=SamplingParams(temperature=0, grammar=grammar), tools=calling
     )
-    eng.clear_cache()
-    content, calls, done = run(eng, eng.tokenize("The weather in Oslo for 3 days:"), opts)
+    engine.clear_cache()
+    content, calls, done = run(engine, engine.tokenize("The weather in Oslo for 3 days:"), opts)
     assert done.tool_calls is not None and len(done.tool_calls) == 1, done.text
     call = done.tool_calls[0]
     args = json.loads(call.arguments)
@@ -82,13 +73,13 @@ def test_the_grammar_holds_a_call_to_the_schema_in_each_familys_syntax(eng: Any,
     assert done.stop_type == "eos"  # the grammar ends the reply after the call
 
 
-def test_a_lazy_grammar_waits_for_the_marker_then_holds_the_call(eng: Any) -> None:
+def test_a_lazy_grammar_waits_for_the_marker_then_holds_the_call(engine: Any) -> None:
     """`auto` on the test model's template, which knows no tools (the generic syntax): the
     model writes text, then `<tool_call>`, and from there the grammar decides."""
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.tools import tool_messages
 
-    builder = PromptBuilder(eng)
+    builder = PromptBuilder(engine)
     asked = ToolRequest((WEATHER,), parallel=False)
     messages = tool_messages(
         builder.template, [{"role": "user", "content": "Weather in Oslo?"}], asked
@@ -96,9 +87,9 @@ def test_a_lazy_grammar_waits_for_the_marker_then_holds_the_call(eng: Any) -> No
     plan = plan_tools(asked, builder.template)
     assert plan.generic and plan.triggers == trigger_patterns(GENERIC)
     sampling = SamplingParams(temperature=0, grammar=plan.grammar, grammar_triggers=plan.triggers)
-    eng.clear_cache()
+    engine.clear_cache()
     content, calls, done = run(
-        eng,
+        engine,
         builder.tokens(messages),
         GenerationOptions(max_tokens=80, sampling=sampling, tools=plan.calling),
     )
@@ -114,7 +105,7 @@ HERMES_FORCED = (
 )
 
 
-def test_a_call_written_while_thinking_is_a_thought(eng: Any) -> None:
+def test_a_call_written_while_thinking_is_a_thought(engine: Any) -> None:
     syntax = tool_syntax(template("Qwen-Qwen3-0.6B.jinja"))
     assert syntax is not None
     forced = "root ::= " + json.dumps(HERMES_FORCED)
@@ -124,15 +115,15 @@ def test_a_call_written_while_thinking_is_a_thought(eng: Any) -> None:
         thinking=Thinking("<think>", "</think>"),
         tools=ToolCalling(syntax),
     )
-    eng.clear_cache()
-    content, calls, done = run(eng, eng.tokenize("Go:"), opts)
+    engine.clear_cache()
+    content, calls, done = run(engine, engine.tokenize("Go:"), opts)
     assert done.text == HERMES_FORCED
     assert done.reasoning is not None and '"name": "f"' in done.reasoning
     assert [(c.name, c.arguments) for c in done.tool_calls or ()] == [("g", '{"x": 1}')]
     assert content == done.content == "Calling. "
 
 
-def test_speculative_decoding_finds_the_same_calls(eng: Any) -> None:
+def test_speculative_decoding_finds_the_same_calls(engine: Any) -> None:
     """Prompt lookup drafts the rewrite; the calls are the same with and without it."""
     syntax = tool_syntax(template("Qwen-Qwen2.5-7B-Instruct.jinja"))
     assert syntax is not None
@@ -144,15 +135,15 @@ def test_speculative_decoding_finds_the_same_calls(eng: Any) -> None:
     text = (
         'Say <tool_call>\n{"name": "say", "arguments": {"text": "Thomas went home."}}\n</tool_call>'
     )
-    prompt = eng.tokenize(REWRITE.replace("Thomas", text, 1))
-    eng.clear_cache()
-    plain = run(eng, prompt, opts)
-    eng.set_speculation(NGRAM)
+    prompt = engine.tokenize(REWRITE.replace("Thomas", text, 1))
+    engine.clear_cache()
+    plain = run(engine, prompt, opts)
+    engine.set_speculation(NGRAM)
     try:
-        eng.clear_cache()
-        fast = run(eng, prompt, opts)
+        engine.clear_cache()
+        fast = run(engine, prompt, opts)
     finally:
-        eng.set_speculation(None)
+        engine.set_speculation(None)
     assert fast[2].tokens == plain[2].tokens
     assert fast[2].tool_calls == plain[2].tool_calls and fast[0] == plain[0]
     assert fast[2].timings.draft_n_accepted > 0
