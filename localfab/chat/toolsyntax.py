@@ -5,7 +5,8 @@ and reads the markers around them: what opens and closes a call (or all of a rep
 whether the name and arguments sit in one JSON object (and under which keys), or the name is bare
 text followed by JSON arguments or by one tag pair per argument. The result is checked by parsing
 the template's own rendering of two calls back; a template whose calls cannot be read that way,
-or that writes no calls at all, gets None, and then `GENERIC` (below) applies: the tools are
+or that writes no calls at all, gets None (unless its text states a syntax that `STATED`
+knows), and then `GENERIC` (below) applies: the tools are
 described in a system message and the model answers with `<tool_call>` JSON, as Hermes-style
 models do.
 """
@@ -27,6 +28,7 @@ from localfab.engine.reasoning import TAG_PAIRS
 from localfab.errors import UsageError
 
 _NAME1, _NAME2 = "FFF_FIRST_FUN_F", "SSS_SECOND_FUN_S"
+_ID = "call00001"  # nine letters and digits, as Mistral's templates want them
 _ARGS = {"AA_ARG_FST_AA": "XXX", "BB_ARG_SND_BB": "YYY"}
 _PROBE_TOOLS = [
     {
@@ -54,9 +56,9 @@ GENERIC_PROMPT = (
 )
 
 
-def _call(name: str, n: int) -> dict[str, Any]:
+def _call(name: str, n: int, call_id: str = "") -> dict[str, Any]:
     return {
-        "id": f"call0000{n}",
+        "id": call_id or f"call0000{n}",
         "type": "function",
         "function": {"name": name, "arguments": dict(_ARGS)},
     }
@@ -74,9 +76,10 @@ def _diff(base: str, text: str) -> str:
     return text[start:end]
 
 
-def _renders(template: ChatTemplate) -> tuple[str, str | None] | None:
+def _renders(template: ChatTemplate) -> tuple[str, str | None, int] | None:
     """The template's text for one call and for two (None: it cannot write two at once),
-    each as it differs from a reply without calls; None when it writes no call."""
+    each as it differs from a reply without calls, and the length of id it takes (0: any);
+    None when it writes no call."""
     user = [{"role": "user", "content": "UUU"}]
     variables = {"tools": _PROBE_TOOLS}
 
@@ -90,6 +93,11 @@ def _renders(template: ChatTemplate) -> tuple[str, str | None] | None:
         one = render([_call(_NAME1, 1)])
     except UsageError:
         return None
+    try:  # an id of llama-server's length: some templates (Mistral's) take nine characters only
+        render([_call(_NAME1, 1, "c" * 32)])
+        id_chars = 0
+    except UsageError:
+        id_chars = len(_ID)
     try:
         base = render(None)
     except UsageError:  # a template that wants some content in a reply
@@ -107,7 +115,7 @@ def _renders(template: ChatTemplate) -> tuple[str, str | None] | None:
         two: str | None = _diff(base, render([_call(_NAME1, 1), _call(_NAME2, 2)]))
     except UsageError:
         two = None
-    return _diff(base, one), two
+    return _diff(base, one), two, id_chars
 
 
 def _json_object_at(text: str, name: str) -> tuple[int, int, dict[str, Any]] | None:
@@ -165,7 +173,7 @@ def _json_syntax(one: str, two: str | None) -> CallSyntax | None:
             keys["name_key"] = key
         elif value == _ARGS or value == json.dumps(_ARGS):
             keys["args_key"] = key
-        elif value == "call00001":
+        elif value == _ID:
             keys["id_key"] = key
     if not keys["name_key"] or not keys["args_key"]:
         return None
@@ -213,6 +221,8 @@ def _tagged_syntax(one: str, two: str | None) -> CallSyntax | None:
         name_end = one[after:args_at]
         last = args_at + found[1]
         fields: dict[str, str] = {"name_end": name_end}
+        if _ID in name_end:  # Mistral Small 3.2: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}
+            fields["id_start"], fields["name_end"] = name_end.split(_ID, 1)
         style = "tagged"
     else:
         k1, v1 = one.find("AA_ARG_FST_AA", after), one.find("XXX", after)
@@ -253,6 +263,7 @@ def _tagged_syntax(one: str, two: str | None) -> CallSyntax | None:
     return replace(
         _marked("tagged" if style == "tagged" else "xml", markers),
         name_end=fields["name_end"],
+        id_start=fields.get("id_start", ""),
         key_start=fields.get("key_start", ""),
         key_end=fields.get("key_end", ""),
         value_end=fields.get("value_end", ""),
@@ -318,13 +329,31 @@ def _round_trips(syntax: CallSyntax, one: str, two: str | None) -> bool:
     return True
 
 
+# Templates that tell the model how to call in words but never render a call themselves:
+# (what their source says, the syntax it describes).
+STATED = (
+    # Granite 3.x: "respond only with <|tool_call|> followed by a JSON list of tools used".
+    (
+        "<|tool_call|> followed by a JSON list",
+        CallSyntax("json", "", section_start="<|tool_call|>", array=True, family="granite"),
+    ),
+)
+
+
 @functools.lru_cache(maxsize=16)
 def tool_syntax(template: ChatTemplate) -> CallSyntax | None:
     """How `template` writes tool calls; None where it writes none (or none readable)."""
+    derived = _derived(template)
+    if derived is None:
+        return next((syntax for said, syntax in STATED if said in template.source), None)
+    return derived
+
+
+def _derived(template: ChatTemplate) -> CallSyntax | None:
     rendered = _renders(template)
     if rendered is None:
         return None
-    one, two = rendered
+    one, two, id_chars = rendered
     quoted = json.dumps(_NAME1) in one  # the name is a JSON string: a JSON call object
     syntax = _json_syntax(one, two) if quoted else _tagged_syntax(one, two)
     if syntax is None or not syntax.trigger and syntax.style != "json":
@@ -334,6 +363,7 @@ def tool_syntax(template: ChatTemplate) -> CallSyntax | None:
         section_start=_own_marker(syntax.section_start),
         section_end=_first_marker(syntax.section_end),
         parallel=two is not None,
+        id_chars=id_chars,
     )
     try:
         ok = _round_trips(syntax, one, two)

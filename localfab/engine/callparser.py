@@ -302,8 +302,9 @@ class CallParser:
         if s.style == "json":
             yield from self._json_call()
             return
-        name = (yield from self._until(s.name_end, MAX_NAME)).strip()
-        self._open_call(name)
+        name = (yield from self._until(s.id_start or s.name_end, MAX_NAME)).strip()
+        call_id = (yield from self._until(s.name_end, MAX_NAME)).strip() if s.id_start else ""
+        self._open_call(name, call_id)
         if s.style == "tagged":
             yield from self._ws()
             yield from self._json_value(stream=True)

@@ -30,10 +30,12 @@ class CallSyntax:
     args_key: str = "arguments"
     id_key: str = ""
     name_end: str = ""  # "tagged", "xml": after the name
+    id_start: str = ""  # "tagged": after the name, before the call's id (which ends at name_end)
     key_start: str = ""  # "xml": before an argument's name
     key_end: str = ""  # "xml": between an argument's name and its value
     value_end: str = ""  # "xml": after a value
     parallel: bool = True  # the template can write several calls in one reply
+    id_chars: int = 0  # the template takes only ids of this many letters and digits (0: any)
     family: str = ""
 
     @property

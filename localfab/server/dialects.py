@@ -26,9 +26,10 @@ Probs = Sequence[tuple[int, TokenProbs]]
 _ID_CHARS = string.ascii_letters + string.digits
 
 
-def new_call_id() -> str:
-    """A tool call's id as llama-server makes one: 32 random letters and digits."""
-    return "".join(secrets.choice(_ID_CHARS) for _ in range(32))
+def new_call_id(chars: int = 0) -> str:
+    """A tool call's id as llama-server makes one: 32 random letters and digits (or `chars`,
+    where the template takes only ids of that length: Mistral's nine)."""
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(chars or 32))
 
 
 Detokenize = Callable[[Sequence[int]], str]
@@ -203,7 +204,8 @@ class Chat(Dialect):
     def _call_id(self, result: int, call: int, given: str = "") -> str:
         ids = self._call_ids.setdefault(result, [])
         while len(ids) <= call:
-            ids.append(given if len(ids) == call and given else new_call_id())
+            chars = self.gen.tools.syntax.id_chars if self.gen.tools else 0
+            ids.append(given if len(ids) == call and given else new_call_id(chars))
         return ids[call]
 
     def _tool_deltas(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:

@@ -135,6 +135,7 @@ FAMILIES = {
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": ("json", "[TOOL_CALLS]", True),
     "unsloth-mistral-Devstral-Small-2507.jinja": ("tagged", "[TOOL_CALLS]", True),
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ("tagged", "[TOOL_CALLS]", True),
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": ("tagged", "[TOOL_CALLS]", True),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": ("tagged", "<｜tool▁calls▁begin｜>", True),
     "deepseek-ai-DeepSeek-V3.1.jinja": ("tagged", "<｜tool▁calls▁begin｜>", True),
     "meetkai-functionary-medium-v3.1.jinja": ("tagged", "<function=", True),
@@ -210,6 +211,28 @@ HERMES = tool_syntax(template("Qwen-Qwen2.5-7B-Instruct.jinja"))
 MISTRAL = tool_syntax(template("mistralai-Mistral-Nemo-Instruct-2407.jinja"))
 CODER = tool_syntax(template("Qwen3-Coder.jinja"))
 DEVSTRAL = tool_syntax(template("unsloth-mistral-Devstral-Small-2507.jinja"))
+
+
+def test_a_template_that_states_its_syntax_in_words_gets_that_syntax() -> None:
+    """Granite 3.3's template renders no calls; its system prompt says to answer "with
+    <|tool_call|> followed by a JSON list": that list is read, in every chunking."""
+    chat = template("ibm-granite-granite-3.3-2B-Instruct.jinja")
+    syntax = tool_syntax(chat)
+    assert syntax is not None and (syntax.family, syntax.trigger) == ("granite", "<|tool_call|>")
+    shown = chat.render([{"role": "user", "content": "Weather?"}], variables={"tools": [WEATHER]})
+    assert "<|tool_call|> followed by a JSON list" in shown and '"get_weather"' in shown
+    reply = (
+        "Let me look.<|tool_call|>["
+        + ", ".join(
+            json.dumps({"name": "get_weather", "arguments": a}, ensure_ascii=False) for a in ARGS
+        )
+        + "]"
+    )
+    results = {json.dumps(parse(syntax, reply, chunks)) for chunks in chunkings(reply, 3)}
+    content, calls = json.loads(results.pop())
+    assert not results
+    assert content == "Let me look."
+    assert [(n, json.loads(a)) for n, a in calls] == [("get_weather", a) for a in ARGS]
 
 
 def test_bad_output_is_content_not_a_call() -> None:

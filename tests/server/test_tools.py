@@ -6,6 +6,7 @@ the prompt, the grammar, the parse, the stream, the ids, the tool message that c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -46,10 +47,12 @@ def streamed_calls(stream: Any) -> tuple[str, list[dict[str, str]], str | None]:
     return content, calls, finish
 
 
-def tool_loop(client: OpenAI) -> None:
+def tool_loop(
+    client: OpenAI, id_chars: int = 32, tool: dict[str, Any] = WEATHER
+) -> list[dict[str, Any]]:
     """Request with tools -> a call (whole and streamed alike) -> the tool's result -> an
-    answer."""
-    ask = {"model": "m", "tools": [WEATHER], "tool_choice": "required", "temperature": 0}
+    answer; the conversation."""
+    ask = {"model": "m", "tools": [tool], "tool_choice": "required", "temperature": 0}
     whole = client.chat.completions.create(
         messages=QUESTION, parallel_tool_calls=False, max_tokens=60, **ask
     )
@@ -57,7 +60,7 @@ def tool_loop(client: OpenAI) -> None:
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == ""
     (call,) = choice.message.tool_calls or []
-    assert call.function.name == "get_weather" and len(call.id) == 32
+    assert call.function.name == "get_weather" and len(call.id) == id_chars
     assert isinstance(json.loads(call.function.arguments)["city"], str)
     stream = client.chat.completions.create(
         messages=QUESTION, parallel_tool_calls=False, max_tokens=60, stream=True, **ask
@@ -75,14 +78,15 @@ def tool_loop(client: OpenAI) -> None:
     answer = client.chat.completions.create(
         model="m",
         messages=history,
-        tools=[WEATHER],
+        tools=[tool],
         tool_choice="none",
         max_tokens=16,
         temperature=0,
     )
     final = answer.choices[0]
-    assert final.message.tool_calls is None and final.message.content
+    assert final.message.tool_calls is None and final.message.content is not None
     assert final.finish_reason in ("stop", "length")
+    return history
 
 
 @pytest.mark.parametrize("slots", [1, 4])
@@ -95,7 +99,11 @@ def test_a_full_tool_loop_with_the_openai_client(model_path: Path, slots: int) -
 
         def loop() -> None:
             try:
-                tool_loop(client)
+                history = tool_loop(client)
+                answer = client.chat.completions.create(
+                    model="m", messages=history, max_tokens=16, temperature=0
+                )
+                assert answer.choices[0].message.content  # the test model answers here
             except BaseException as exc:  # reported below, from the test's thread
                 errors.append(exc)
 
@@ -119,6 +127,38 @@ def qwen(model_path: Path) -> Iterator[str]:
     source = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
     loaded.prompts = PromptBuilder(loaded.engine, ChatTemplate(source, "gguf"))
     yield from serve_in_process(loaded, ServerSettings(n_parallel=2))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja"],
+)
+def test_a_tool_loop_on_a_template_that_takes_nine_character_ids(
+    model_path: Path, name: str
+) -> None:
+    """Mistral's templates refuse a call id that is not nine letters and digits: the grammar
+    has the model write one (Nemo's JSON `id`, Small 3.2's `[CALL_ID]`), so that the call comes
+    back in the next request's history and renders."""
+    source = (TEMPLATES / name).read_text(encoding="utf-8")
+    # (Only the city: on these templates the test model writes the days as digits that go on.)
+    city = {**WEATHER, "function": {**WEATHER["function"], "parameters": CITY_ONLY}}
+    with serve_template(model_path, source) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        history = tool_loop(client, id_chars=9, tool=city)
+        shown = httpx.post(url + "/apply-template", json={"messages": history}).json()["prompt"]
+        assert history[-1]["tool_call_id"] in shown  # the call and its result, as rendered
+
+
+CITY_ONLY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def serve_template(model_path: Path, source: str) -> Any:
+    from localfab.engine import EngineSettings
+    from localfab.runtime import load_model
+
+    loaded = load_model(model_path, EngineSettings(n_ctx=2048, n_batch=512, n_seq_max=1))
+    loaded.prompts = PromptBuilder(loaded.engine, ChatTemplate(source, "gguf", "<s>", "</s>"))
+    return contextlib.contextmanager(lambda: serve_in_process(loaded, ServerSettings()))()
 
 
 def post(url: str, **body: Any) -> httpx.Response:

@@ -103,15 +103,27 @@ def _xml_args(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, Any
 
 def _call_rule(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, Any]) -> str:
     fmt = converter._format_literal
+    # An id the model writes, where the template has one: as many characters as it takes.
+    call_id = f"[a-zA-Z0-9]{{{s.id_chars}}}" if s.id_chars else "[a-zA-Z0-9]{1,40}"
     if s.style == "json":
         args = _args_rule(converter, name, schema)
+        written_id = (
+            f'space "," space {fmt(json.dumps(s.id_key))} space ":" space "\\"" {call_id} "\\""'
+            if s.id_key and s.id_chars
+            else ""
+        )
         body = (
             f'"{{" space {fmt(json.dumps(s.name_key))} space ":" space {fmt(json.dumps(name))} '
-            f'space "," space {fmt(json.dumps(s.args_key))} space ":" space {args} space "}}" ws'
+            f'space "," space {fmt(json.dumps(s.args_key))} space ":" space {args} '
+            f'{written_id} space "}}" ws'
         )
     elif s.style == "tagged":
         body = _seq(
-            fmt(name), _lit(converter, s.name_end), _args_rule(converter, name, schema), "ws"
+            fmt(name),
+            f"{fmt(s.id_start.strip())} {call_id}" if s.id_start.strip() else "",
+            _lit(converter, s.name_end),
+            _args_rule(converter, name, schema),
+            "ws",
         )
     else:
         body = _seq(fmt(name), fmt(s.name_end.strip()), _xml_args(converter, s, name, schema))
