@@ -4,9 +4,11 @@ Both servers run the same model with the same chat template (`--chat-template-fi
 with `--jinja`) and get the same requests: tools, `tool_choice` required (the grammar makes even a
 base model call) or auto, one call or several, whole and streamed. Prints, per case, each server's
 (content, tool_calls as name and parsed arguments, finish_reason) and whether they are equal (ids
-aside: both make random ones). A difference in the text the model was allowed to write (the two
-grammars are not the same program) shows as different arguments; the raw replies are printed then
-(start both servers with --verbose to get them).
+aside: both make random ones). The few-shot cases show the model earlier turns that call the
+tool, so that it calls by itself: both servers then parse the same text, cut at several lengths.
+A difference in the text the model was allowed to write (the two grammars are not the same
+program) shows as different arguments; the raw replies are printed then (start both servers with
+--verbose to get them).
 
 Usage: python scripts/compare_tools.py --url localfab=http://127.0.0.1:8091 \\
            --url llama-server=http://127.0.0.1:8092 [--label NAME]
@@ -64,6 +66,50 @@ MESSAGES = [
         "content": "What is the weather in Istanbul? Then say hello world with python",
     },
 ]
+
+
+def _shot(city: str, n: int) -> list[dict[str, Any]]:
+    call = {"location": city}
+    call_id = f"call{n:05d}"
+    return [
+        {"role": "user", "content": f"What is the weather in {city}?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(call)},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "sunny"},
+        {"role": "assistant", "content": f"It is sunny in {city}."},
+    ]
+
+
+# Earlier turns that call the tool: the model, even a base one, calls by itself (tool_choice
+# auto, no grammar until it writes the call's opening), so both servers parse the same text.
+FEW_SHOT = [
+    {"role": "system", "content": "You are a weather assistant."},
+    *_shot("Paris", 1),
+    *_shot("Rome", 2),
+    *_shot("Oslo", 3),
+    {"role": "user", "content": "What is the weather in Istanbul?"},
+]
+CITY = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a given location",
+        "parameters": {
+            "type": "object",
+            "properties": {"location": {"type": "string"}},
+            "required": ["location"],
+        },
+    },
+}
 CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "weather, required",
@@ -80,6 +126,19 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     ("weather, auto", {"tools": [WEATHER]}),
     ("python, none", {"tools": [PYTHON], "tool_choice": "none"}),
+    *(
+        (
+            f"few-shot, auto, max_tokens {n}{', one call' if not parallel else ''}",
+            {
+                "messages": FEW_SHOT,
+                "tools": [CITY],
+                "max_tokens": n,
+                "parallel_tool_calls": parallel,
+            },
+        )
+        for n in (4, 9, 14, 24, 40, 80)
+        for parallel in (True, False)
+    ),
 ]
 
 
@@ -133,10 +192,12 @@ def main() -> int:
     parser.add_argument("--url", action="append", required=True, help="NAME=URL (two of them)")
     parser.add_argument("--label", default="", help="a name for this run (the template)")
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--only", default="", help="only the cases whose name has this text")
     args = parser.parse_args()
     servers = dict(u.split("=", 1) for u in args.url)
     differ = 0
-    for name, extra in CASES:
+    cases = [(name, extra) for name, extra in CASES if args.only in name]
+    for name, extra in cases:
         body = {"messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 0, **extra}
         for mode, ask in (("whole", whole), ("stream", streamed)):
             got = {server: ask(url, body) for server, url in servers.items()}
@@ -145,9 +206,9 @@ def main() -> int:
             print(f"{args.label} | {name} | {mode} | {'same' if same else 'DIFFER'}")
             for server, g in got.items():
                 print(f"    {server}: {json.dumps(g[:3], ensure_ascii=False)[:300]}")
-                if not same and g[3] is not None:
+                if not same and len(g) > 3 and g[3] is not None:
                     print(f"    {server} raw: {json.dumps(g[3], ensure_ascii=False)[:300]}")
-    print(f"{args.label}: {2 * len(CASES) - differ} of {2 * len(CASES)} cases the same")
+    print(f"{args.label}: {2 * len(cases) - differ} of {2 * len(cases)} cases the same")
     return 0
 
 

@@ -1,25 +1,16 @@
 """Tool calls in a reply: one streaming parser for every model family's call syntax.
 
-A chat template writes a model's tool calls in its own markers: Hermes, Qwen2.5 and Qwen3 a JSON
-object in `<tool_call>` ... `</tool_call>`, Mistral Nemo a JSON array after `[TOOL_CALLS]`,
-Ministral and Devstral `[TOOL_CALLS]name[ARGS]{...}`, DeepSeek R1 the name between its
-tool-call tokens and the arguments in a fenced JSON block, Qwen3-Coder `<function=NAME>` with
-one `<parameter=K>` tag per argument, and so on. `CallSyntax` describes any of these with a few
-strings (the chat layer reads them off the template itself, see `chat.tools`); `CallParser`
-reads a reply's answer text as it streams and separates its calls from its content:
-
-- "json": each call is a JSON object holding the name and the arguments under two keys (and an
-  id under a third, where the family writes one); several may sit in one JSON array.
-- "tagged": the name is bare text up to `name_end`, the arguments a JSON object after it.
-- "xml": the name as in "tagged", then one key/value pair of tags per argument; the values are
-  raw text, made JSON by the tool's schema (`value_types`).
+A chat template writes a model's tool calls in its own markers; `CallSyntax` describes them with
+a few strings (the styles are in `callsyntax`; the chat layer reads them off the template,
+`chat.toolsyntax`). `CallParser` reads a reply's answer as it streams and separates its calls
+from its content.
 
 Text before, between and after calls is content. The name of a call is given once it is whole
 (and known, when the tools are named); its arguments stream as the model writes them (the
 model's own JSON text, as llama-server gives them). Output that breaks the syntax is content,
 never an error: a call whose name is unknown or whose JSON does not parse is given back as the
-text it was, where none of it was given as a call yet. Markers are matched with any whitespace
-around them, since models put newlines where templates do not.
+text it was, where none of it was given as a call yet; a reply cut inside a call keeps it as far
+as it goes. Markers are matched with any whitespace around them.
 """
 
 from __future__ import annotations
@@ -29,12 +20,8 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from localfab.engine.callscan import Broken, Ended, Scanner, partial_tail
 from localfab.engine.callsyntax import MAX_NAME, Call, CallDelta, CallSyntax, typed_value
-
-
-class _Broken(Exception):
-    """The text stopped following the call syntax."""
-
 
 Piece = tuple[Literal["content"], str] | tuple[Literal["call"], CallDelta]
 
@@ -49,7 +36,7 @@ class _Region:
     emitted: bool = False  # a call of it was given out
 
 
-class CallParser:
+class CallParser(Scanner):
     """Splits a reply's answer into content and tool calls as it streams (module docstring).
 
     `feed(text)` returns the new pieces: ("content", text) and ("call", CallDelta); `finish()`
@@ -64,6 +51,7 @@ class CallParser:
         value_types: Mapping[str, Mapping[str, str]] | None = None,
         parallel: bool = True,
     ) -> None:
+        super().__init__()
         self.syntax = syntax
         self.names = names
         self.value_types = value_types or {}
@@ -71,14 +59,10 @@ class CallParser:
         self.calls: list[Call] = []
         self.content = ""
         self.broken = False  # a call was given out and then the text broke the syntax
-        self._buf = ""  # text not yet given out as content
-        self._pos = 0  # where the parser is in `_buf`
-        self._final = False
         self._out: list[Piece] = []
         self._region: _Region | None = None
         self._gen: Generator[None, None, None] | None = None
         self._trigger = syntax.trigger
-        self._streamed = -1  # where the arguments' text was given up to, while they stream
         self._n_streamed = 0  # calls given out (dropped ones too)
         self._index = 0  # the stream's index of the call being read
 
@@ -126,7 +110,7 @@ class CallParser:
             at = len(buf) - len(buf.lstrip()) if buf.strip() else -1
             trigger = "{"
         if at < 0:
-            keep = 0 if self._final else _partial_tail(buf, trigger)
+            keep = 0 if self._final else partial_tail(buf, trigger)
             cut = len(buf) - keep
             if self.calls and not buf[:cut].strip():
                 # Whitespace after calls is not content (unless text follows it).
@@ -155,16 +139,27 @@ class CallParser:
             self._pos = 0
             self._region, self._gen = None, None
             return True
-        except _Broken:
+        except Ended:
+            self._cut_short()
+            return True
+        except Broken:
             self._give_up()
             return True
         return False
 
+    def _cut_short(self) -> None:
+        """The text ended inside a call (cut at the token limit): the calls, the one being
+        written too, stay, the rest goes (as llama-server has it); without a call, content."""
+        if not self.calls:
+            self._give_up()
+            return
+        self._region, self._gen = None, None
+        self._buf, self._pos = "", 0
+
     def _give_up(self) -> None:
-        """The region broke the syntax (or the text ended inside it). The calls it finished
-        stay; one it had begun is dropped (`broken`: its name and arguments were given out
-        already); its text is content, and the text after its trigger (or, where it gave out a
-        call, after where it broke) is looked at again for calls."""
+        """The region broke the syntax. The calls it finished stay; one it had begun is dropped
+        (`broken`: its name and arguments were given out already); its text is content, and
+        the text after its trigger (or after where it broke) is looked at again for calls."""
         region = self._region
         assert region is not None
         self._region, self._gen = None, None
@@ -189,71 +184,7 @@ class CallParser:
             self.content += text
             self._out.append(("content", text))
 
-    # --- the calls region: a generator that waits for text ----------------------------------
-
-    def _need(self, n: int = 1) -> Generator[None, None, None]:
-        while len(self._buf) - self._pos < n:
-            if self._final:
-                raise _Broken
-            yield
-
-    def _ws(self) -> Generator[None, None, None]:
-        while True:
-            yield from self._need()
-            if not self._buf[self._pos].isspace():
-                return
-            self._pos += 1
-
-    def _more(self) -> Generator[None, None, bool]:
-        """Past whitespace: whether any text follows (False: the reply ended)."""
-        while True:
-            if self._pos < len(self._buf):
-                if not self._buf[self._pos].isspace():
-                    return True
-                self._pos += 1
-                continue
-            if self._final:
-                return False
-            yield
-
-    def _peek_literal(self, literal: str) -> Generator[None, None, bool]:
-        """Whether `literal` comes next (after whitespace); taken if so."""
-        literal = literal.strip()
-        if not literal:
-            return True
-        if not (yield from self._more()):
-            return False
-        while True:
-            have = self._buf[self._pos : self._pos + len(literal)]
-            if not literal.startswith(have):
-                return False
-            if len(have) == len(literal):
-                self._pos += len(literal)
-                return True
-            if self._final:
-                return False
-            yield
-
-    def _literal(self, literal: str) -> Generator[None, None, None]:
-        if not (yield from self._peek_literal(literal)):
-            raise _Broken
-
-    def _until(self, marker: str, limit: int) -> Generator[None, None, str]:
-        """The text up to `marker` (taken too); no more than `limit` characters."""
-        marker = marker.strip()
-        while True:
-            at = self._buf.find(marker, self._pos)
-            if at >= 0:
-                text = self._buf[self._pos : at]
-                if len(text) > limit:
-                    raise _Broken
-                self._pos = at + len(marker)
-                return text
-            if len(self._buf) - self._pos > limit + len(marker):
-                raise _Broken
-            if self._final:
-                raise _Broken
-            yield
+    # --- the calls region: a generator that waits for text (reading as in `callscan`) --------
 
     def _calls(self) -> Generator[None, None, None]:
         s = self.syntax
@@ -268,8 +199,8 @@ class CallParser:
             if s.call_end:
                 yield from self._literal(s.call_end)
             # The calls so far are whole: a break from here on leaves them as they are.
-            self._commit()
-            region.n_calls = len(self.calls)
+            self._buf, self._pos = self._buf[self._pos :], 0
+            region.start, region.n_calls = 0, len(self.calls)
             if not self.parallel or not (yield from self._another()):
                 break
         if s.style == "json" and s.array:
@@ -291,12 +222,6 @@ class CallParser:
             return True
         return self._buf[self._pos] == "{"
 
-    def _commit(self) -> None:
-        self._buf = self._buf[self._pos :]
-        self._pos = 0
-        assert self._region is not None
-        self._region.start = 0
-
     def _one_call(self) -> Generator[None, None, None]:
         s = self.syntax
         if s.style == "json":
@@ -313,9 +238,9 @@ class CallParser:
 
     def _open_call(self, name: str, call_id: str = "") -> None:
         if not name or len(name) > MAX_NAME or any(c.isspace() for c in name):
-            raise _Broken
+            raise Broken
         if self.names is not None and name not in self.names:
-            raise _Broken
+            raise Broken
         # A stream's index for the call: never one a dropped call had (`broken`).
         self._index = self._n_streamed
         self._n_streamed += 1
@@ -336,7 +261,7 @@ class CallParser:
         """One call object: its name, id and arguments among its keys, in any order."""
         yield from self._ws()
         if self._buf[self._pos] != "{":
-            raise _Broken
+            raise Broken
         self._pos += 1
         found: dict[str, str] = {}  # the name, the id, and arguments written before the name
         while True:
@@ -347,7 +272,7 @@ class CallParser:
             key = yield from self._json_string()
             yield from self._ws()
             if self._buf[self._pos] != ":":
-                raise _Broken
+                raise Broken
             self._pos += 1
             yield from self._ws()
             yield from self._json_member(key, found)
@@ -355,7 +280,7 @@ class CallParser:
             if self._buf[self._pos] == ",":
                 self._pos += 1
         if "name" not in found:
-            raise _Broken
+            raise Broken
 
     def _json_member(self, key: str, found: dict[str, str]) -> Generator[None, None, None]:
         """One key's value in a call object."""
@@ -378,117 +303,51 @@ class CallParser:
         else:
             yield from self._json_value(stream=False)
 
-    def _json_string(self) -> Generator[None, None, str]:
-        yield from self._need()
-        if self._buf[self._pos] != '"':
-            raise _Broken
-        start = self._pos
-        yield from self._skip_string()
-        try:
-            value = json.loads(self._buf[start : self._pos])
-        except ValueError:
-            raise _Broken from None
-        if not isinstance(value, str):
-            raise _Broken
-        return value
-
-    def _skip_string(self) -> Generator[None, None, None]:
-        """Past a JSON string (at its opening quote)."""
-        opening = self._pos
-        self._pos += 1
-        while True:
-            yield from self._need()
-            buf = self._buf
-            quote = buf.find('"', self._pos)
-            if quote < 0:
-                self._pos = len(buf)
-                self._stream_args()
-                yield
-                continue
-            backslashes = 0
-            while quote - 1 - backslashes > opening and buf[quote - 1 - backslashes] == "\\":
-                backslashes += 1
-            self._pos = quote + 1
-            if backslashes % 2 == 0:
-                return
-
-    def _json_value(self, *, stream: bool) -> Generator[None, None, str]:
-        """A whole JSON value (its text); with `stream` its text is given as arguments as it
-        comes. Checked with the json module once whole."""
-        yield from self._need()
-        start = self._pos
-        first = self._buf[start]
-        if first == '"':
-            yield from self._skip_string()
-        elif first in "{[":
-            yield from self._container(stream)
-        else:  # a number or a literal: up to a delimiter
-            while True:
-                yield from self._need()
-                if self._buf[self._pos] in ",}] \t\r\n<`[":
-                    break
-                self._pos += 1
-        text = self._buf[start : self._pos]
-        try:
-            json.loads(text)
-        except ValueError:
-            raise _Broken from None
-        if stream and first not in "{[":
-            self._args(text)
-        return text
-
-    def _container(self, stream: bool) -> Generator[None, None, None]:
-        """Past a JSON object or array (at its opening bracket), its text given as arguments as
-        it comes with `stream` (a long string in it too, piece by piece)."""
-        if stream:
-            self._streamed = self._pos
-        depth = 0
-        try:
-            while True:
-                yield from self._need()
-                ch = self._buf[self._pos]
-                if ch == '"':
-                    yield from self._skip_string()
-                else:
-                    self._pos += 1
-                    if ch in "{[":
-                        depth += 1
-                    elif ch in "}]":
-                        depth -= 1
-                self._stream_args()
-                if depth == 0:
-                    return
-        finally:
-            self._streamed = -1
-
-    def _stream_args(self) -> None:
-        """The arguments' text scanned since they were last given, while they stream."""
-        if self._streamed >= 0 and self._pos > self._streamed:
-            self._args(self._buf[self._streamed : self._pos])
-            self._streamed = self._pos
-
     # --- XML-style arguments -------------------------------------------------------------------
 
     def _xml_args(self, name: str) -> Generator[None, None, None]:
         s = self.syntax
         types = self.value_types.get(name, {})
         opened = False
-        while (yield from self._peek_literal(s.key_start)):
+        while True:
+            if not (yield from self._more()):
+                if s.call_end.strip():  # cut before the call's end
+                    raise Ended
+                break
+            if not (yield from self._peek_literal(s.key_start)):
+                break
             key = (yield from self._until(s.key_end, MAX_NAME)).strip()
-            value = yield from self._until(s.value_end, 1 << 24)
-            if value.startswith("\n"):
-                value = value[1:]
-            if value.endswith("\n"):
-                value = value[:-1]
-            piece = json.dumps(key, ensure_ascii=False) + ":" + typed_value(value, types.get(key))
-            self._args(("," if opened else "{") + piece)
+            head = ("," if opened else "{") + json.dumps(key, ensure_ascii=False) + ":"
             opened = True
+            if types.get(key) == "string":  # streamed as it comes (a file's text, say)
+                self._args(head + '"')
+                yield from self._stream_value(s.value_end)
+                self._args('"')
+                continue
+            value = yield from self._until(s.value_end, 1 << 24)
+            value = value[1:] if value.startswith("\n") else value
+            value = value[:-1] if value.endswith("\n") else value
+            self._args(head + typed_value(value, types.get(key)))
         self._args("}" if opened else "{}")
 
-
-def _partial_tail(text: str, marker: str) -> int:
-    """How many characters at the end of `text` could begin `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
+    def _stream_value(self, end: str) -> Generator[None, None, None]:
+        """A string value's raw text up to `end` (taken too), given as JSON string text as it
+        comes; a newline just after the opening tag and one just before `end` are not in it."""
+        end = end.strip()
+        yield from self._need()
+        if self._buf[self._pos] == "\n":
+            self._pos += 1
+        while True:
+            at = self._buf.find(end, self._pos)
+            stop = at if at >= 0 else len(self._buf) - partial_tail(self._buf, end)
+            if self._buf[self._pos : stop].endswith("\n"):
+                stop -= 1  # before `end` it goes; elsewhere it waits to see
+            if stop > self._pos:
+                self._args(json.dumps(self._buf[self._pos : stop], ensure_ascii=False)[1:-1])
+                self._pos = stop
+            if at >= 0:
+                self._pos = at + len(end)
+                return
+            if self._final:
+                raise Ended
+            yield

@@ -1,5 +1,17 @@
 """The words of tool calling: how a family writes calls (`CallSyntax`), a call (`Call`) and a
 piece of one as it streams (`CallDelta`). See `callparser` for how a reply is read with them.
+
+Hermes, Qwen2.5 and Qwen3 write a JSON object in `<tool_call>` ... `</tool_call>`, Mistral Nemo
+a JSON array after `[TOOL_CALLS]`, Ministral and Devstral `[TOOL_CALLS]name[ARGS]{...}` (Mistral
+Small 3.2 with `[CALL_ID]id` before `[ARGS]`), DeepSeek R1 the name between its tool-call tokens
+and the arguments in a fenced JSON block, Qwen3-Coder `<function=NAME>` with one
+`<parameter=K>` tag per argument, and so on. The styles:
+
+- "json": each call is a JSON object holding the name and the arguments under two keys (and an
+  id under a third, where the family writes one); several may sit in one JSON array.
+- "tagged": the name is bare text up to `name_end`, the arguments a JSON object after it.
+- "xml": the name as in "tagged", then one key/value pair of tags per argument; the values are
+  raw text, made JSON by the tool's schema (`value_types`).
 """
 
 from __future__ import annotations

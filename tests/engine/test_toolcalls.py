@@ -236,8 +236,8 @@ def test_a_template_that_states_its_syntax_in_words_gets_that_syntax() -> None:
 
 
 def test_bad_output_is_content_not_a_call() -> None:
-    """An unknown tool, JSON that does not parse, a call cut off: the text as it was, as
-    content; a later good call is still found."""
+    """An unknown tool, JSON that does not parse: the text as it was, as content; a later
+    good call is still found."""
     assert HERMES is not None
     names = frozenset({"get_weather"})
     text = (
@@ -254,11 +254,38 @@ def test_bad_output_is_content_not_a_call() -> None:
             ("get_weather", '{"city": "Oslo"}')
         ]
         assert parser.content == text[: text.rindex("<tool_call>")]
-    cut = CallParser(HERMES)
-    cut.feed('Hi <tool_call>\n{"name": "get_weather", "arguments": {"ci')
-    cut.finish()
-    assert cut.calls == [] and cut.broken
-    assert cut.content.startswith("Hi ")
+
+
+OPEN_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {}}'
+CALL = OPEN_CALL + "\n</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        # Cut inside the arguments: the call as far as it goes (streamed alike).
+        (
+            'Hi <tool_call>\n{"name": "get_weather", "arguments": {"ci',
+            "Hi ",
+            [("get_weather", '{"ci')],
+        ),
+        # Cut before a name was whole, with no call before it: the text is content.
+        ('Hi <tool_call>\n{"name": "get_w', 'Hi <tool_call>\n{"name": "get_w', []),
+        ("Hi <tool_ca", "Hi <tool_ca", []),
+        # ... after a whole call: what was begun goes.
+        (CALL + '<tool_call>\n{"name": "get_w', "", [("get_weather", "{}")]),
+        (CALL + "<tool_ca", "", [("get_weather", "{}")]),
+        (OPEN_CALL + "\n</tool", "", [("get_weather", "{}")]),
+        (OPEN_CALL + "\n", "", [("get_weather", "{}")]),
+    ],
+)
+def test_a_reply_cut_inside_a_call_keeps_its_calls(text: str, content: str, calls: Any) -> None:
+    """A reply that ends inside a call (at its token limit) keeps the calls there are, the one
+    being written as far as it goes, as llama-server's lenient parse has them (the
+    side-by-side comparison, scripts/compare_tools.py, cuts its replies at several lengths)."""
+    assert HERMES is not None
+    for chunks in chunkings(text, 5):
+        assert parse(HERMES, text, chunks) == (content, calls)
 
 
 def test_whitespace_after_the_calls_is_not_content() -> None:
@@ -284,6 +311,36 @@ def test_arguments_stream_as_the_model_writes_them() -> None:
         "<tool_call>\n<function=f>\n<parameter=n>\n7\n</parameter>\n</function>\n</tool_call>",
     )
     assert calls == [("f", '{"n":7}')]
+
+
+def test_an_xml_string_value_streams_as_the_model_writes_it() -> None:
+    """Qwen3-Coder's raw string values (a file's text) are given out as they come, as JSON
+    string text; in every chunking they add up to the whole call, whose value loses only the
+    newlines next to its tags; other types wait for their end tag; a cut keeps what came."""
+    assert CODER is not None
+    code = 'print("a\\b")\n\n  x = "<b>" </par'
+    text = (
+        f"<tool_call>\n<function=write>\n<parameter=text>\n{code}\n</parameter>\n"
+        "<parameter=n>\n7\n</parameter>\n</function>\n</tool_call>"
+    )
+    types = {"write": {"text": "string", "n": "integer"}}
+    want = json.dumps({"text": code, "n": 7}, ensure_ascii=False, separators=(",", ":"))
+    for chunks in chunkings(text, 11):
+        parser = CallParser(CODER, value_types=types)
+        assembled = Assembled()
+        for chunk in chunks:
+            for kind, piece in parser.feed(chunk):
+                assert kind == "call"
+                assembled.add(piece)
+        for _, piece in parser.finish():
+            assembled.add(piece)
+        assert [(c.name, c.arguments) for c in parser.calls] == [("write", want)]
+        assert [(c.name, c.arguments) for c in assembled.calls] == [("write", want)]
+    one = CallParser(CODER, value_types=types)  # one character at a time, up to the value's
+    given = [p[1].arguments for c in text[: text.index("</par")] for p in one.feed(c)]  # "</par"
+    assert "".join(given) == '{"text":"print(\\"a\\\\b\\")\\n\\n  x = \\"<b>\\" '
+    one.finish()  # cut there: the call as far as it went
+    assert one.calls[0].arguments == "".join(given)
 
 
 PIECES = [
