@@ -7,10 +7,10 @@ server's parallel slots and under speculative decoding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from localfab.engine.callparser import CallParser, Piece
-from localfab.engine.callsyntax import Call, CallDelta, CallSyntax
+from localfab.engine.callsyntax import CallDelta, CallSyntax
 
 
 @dataclass(frozen=True)
@@ -65,18 +65,3 @@ def _sort(piece: Piece, out: list[tuple[str, str]], calls: list[CallDelta]) -> N
             out.append(piece)
     else:
         calls.append(piece[1])
-
-
-@dataclass
-class Assembled:
-    """Calls put back together from streamed deltas, as a client does."""
-
-    calls: list[Call] = field(default_factory=list)
-
-    def add(self, delta: CallDelta) -> None:
-        while len(self.calls) <= delta.index:
-            self.calls.append(Call(""))
-        call = self.calls[delta.index]
-        call.name += delta.name
-        call.id = delta.id or call.id
-        call.arguments += delta.arguments

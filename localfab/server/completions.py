@@ -128,10 +128,11 @@ async def chat_completions(server: Server, request: Request) -> Response:
         return gen, window, tools
 
     gen, window, tools = await asyncio.to_thread(prepare)
-    if window.left_out["turns"]:
+    if window.shifted:
         log.info(
-            "context full: %d oldest turn(s) (%d tokens) left the window",
+            "context full: %d oldest turn(s) and %d tool exchange(s) (%d tokens) left the window",
             window.left_out["turns"],
+            window.left_out["exchanges"],
             window.left_out["tokens"],
         )
     reasoning = reasoning_split(server, body, window.tokens)

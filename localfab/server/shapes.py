@@ -99,7 +99,7 @@ class ResultMeta:
     n_prompt: int
     created: int = 0
     index: int = 0  # which result of the request (several prompts, or n > 1)
-    # Whole oldest turns a chat left out to fit the window: {"turns": n, "tokens": n}.
+    # What a chat left out to fit the window: {"turns": n, "exchanges": n, "tokens": n}.
     context_shift: dict[str, int] | None = None
     slot: int = 0  # the slot that ran it (`id_slot` of the final answer)
 
@@ -206,7 +206,8 @@ def cmpl_final(
 
 
 def _shifted(reply: ResultMeta) -> bool:
-    return bool(reply.context_shift and reply.context_shift.get("turns"))
+    shift = reply.context_shift
+    return bool(shift and (shift.get("turns") or shift.get("exchanges")))
 
 
 def chat_final(

@@ -210,7 +210,7 @@ class SlotRunner:
             self._evaluate_only(job, slot)
             return
         window = job.window
-        if window is not None and window.left_out["turns"] and kv.can_shift:
+        if window is not None and window.shifted and kv.can_shift:
             # Turns were left out: move the kept ones' KV cells rather than process them.
             kv.align_to(job.tokens)
         view = SlotView.for_job(job)

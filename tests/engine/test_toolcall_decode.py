@@ -14,7 +14,8 @@ from localfab.chat.toolsyntax import GENERIC, tool_syntax
 from localfab.engine import Done, GenerationOptions, SamplingParams, TokenEvent
 from localfab.engine.grammar.tools import tool_call_grammar, trigger_patterns
 from localfab.engine.reasoning import Thinking
-from localfab.engine.toolcalls import Assembled, ToolCalling
+from localfab.engine.toolcalls import ToolCalling
+from tests.engine.assembled import Assembled
 from tests.engine.test_spec import NGRAM, REWRITE
 from tests.engine.test_toolcalls import FAMILIES, WEATHER, template
 

@@ -24,7 +24,7 @@ from localfab.chat.toolsyntax import GENERIC, tool_syntax
 from localfab.engine.callparser import CallParser
 from localfab.engine.callsyntax import CallSyntax
 from localfab.engine.reasoning import ReasoningSplit
-from localfab.engine.toolcalls import Assembled
+from tests.engine.assembled import Assembled
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"

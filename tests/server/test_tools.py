@@ -189,6 +189,36 @@ def test_the_models_own_template_shows_the_tools_and_reads_its_calls(qwen: str) 
     assert props["chat_template_caps"]["supports_tool_calls"] is True
 
 
+def test_a_stop_string_at_the_calls_end_keeps_the_call(qwen: str) -> None:
+    """A stop string the call's end marker matches ends the reply there: the call is whole
+    but for that marker, and is a call (as llama-server's lenient parse has it), whole and
+    streamed; a stop string inside the arguments leaves the call as far as it went."""
+    ask = {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+    r = post(qwen, stop=["</tool_call>"], **ask)
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    (call,) = choice["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"])["city"]
+    client = OpenAI(base_url=qwen + "/v1", api_key="none", max_retries=0)
+    stream = client.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        max_tokens=60,
+        temperature=0,
+        stop=["</tool_call>"],
+        stream=True,
+        **ask,
+    )
+    content, calls, finish = streamed_calls(stream)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        ("get_weather", call["function"]["arguments"])
+    ]
+    cut = post(qwen, stop=['"city"'], **ask).json()["choices"][0]
+    assert cut["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert cut["message"]["tool_calls"][0]["function"]["arguments"].rstrip() == "{"
+
+
 def test_requests_llama_server_refuses_are_refused_alike(qwen: str, model_path: Path) -> None:
     cases = [
         (
