@@ -414,6 +414,22 @@ class ChatTemplate:
         add_generation_prompt: bool,
         variables: Mapping[str, Any] | None = None,
     ) -> str:
+        try:
+            return self._render_once(msgs, add_generation_prompt, variables)
+        except UsageError:
+            # A template that writes a call's arguments as text (Functionary v3.2's
+            # `'\n' + arguments`) gets them as JSON text, as llama.cpp gives them.
+            texts = _arguments_as_text(msgs)
+            if texts is None:
+                raise
+            return self._render_once(texts, add_generation_prompt, variables)
+
+    def _render_once(
+        self,
+        msgs: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         size = len(self.source) + sum(len(str(m.get("content") or "")) for m in msgs)
         env = _Sandbox(
             max_steps=STEPS_BASE + STEPS_PER_MESSAGE * len(msgs),
@@ -439,6 +455,25 @@ class ChatTemplate:
                 f"the chat template ({self.name}) failed: {_failure(exc)}; "
                 "check the messages, or send raw text without a template"
             ) from None
+
+
+def _arguments_as_text(msgs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`msgs` with their tool calls' arguments as JSON text (None: no call has an object)."""
+    out, changed = [], False
+    for m in msgs:
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            fixed = []
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
+                    text = json.dumps(function["arguments"], ensure_ascii=False)
+                    call = {**call, "function": {**function, "arguments": text}}
+                    changed = True
+                fixed.append(call)
+            m = {**m, "tool_calls": fixed}
+        out.append(m)
+    return out if changed else None
 
 
 def resolve_template(

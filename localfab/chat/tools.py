@@ -136,13 +136,26 @@ def plan_tools(request: ToolRequest, template: ChatTemplate, thinking_end: str =
     )
     if request.choice == "none" or not syntax.trigger and request.choice == "auto":
         return ToolPlan(calling, None, (), generic)
-    grammar = tool_call_grammar(syntax, functions, parallel=parallel)
+    whole = request.choice != "auto"  # the grammar holds the whole answer, not from a trigger
+    grammar = tool_call_grammar(
+        syntax, functions, parallel=parallel, opened=whole and syntax.opened
+    )
     triggers: tuple[str, ...] = ()
     if request.choice == "auto":
         triggers = trigger_patterns(syntax)
     elif thinking_end:
         triggers = trigger_patterns(syntax, after=thinking_end)
     return ToolPlan(calling, grammar, triggers, generic)
+
+
+def recipient_only(template: ChatTemplate) -> ToolCalling | None:
+    """For a reply without tools (or with `tool_choice` none) on a template whose prompt opens
+    the call and that names its content (Functionary v3.2's `>>>` then `all`): a parser that
+    takes that name off the content and reads no calls. None for other templates."""
+    syntax = tool_syntax(template)
+    if syntax is None or not (syntax.opened and syntax.content_name):
+        return None
+    return ToolCalling(syntax, frozenset())
 
 
 def _value_types(schema: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

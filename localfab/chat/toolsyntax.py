@@ -243,8 +243,8 @@ def _tagged_syntax(one: str, two: str | None) -> CallSyntax | None:
         value_end = fields["value_end"].strip()
         last = one.find(value_end, v2) + len(value_end)
         style = "xml"
-    if not fields["name_end"].strip():
-        return None
+    if not fields["name_end"].strip() and "\n" not in fields["name_end"]:
+        return None  # (a line break alone ends a name: Functionary v3.2's `>>>name\n{...}`)
     suffix = one[last:]
     middle = None
     if two is not None:
@@ -369,7 +369,29 @@ def _derived(template: ChatTemplate) -> CallSyntax | None:
         ok = _round_trips(syntax, one, two)
     except ValueError:
         ok = False
-    return syntax if ok else None
+    return _opening(template, syntax) if ok else None
+
+
+def _opening(template: ChatTemplate, syntax: CallSyntax) -> CallSyntax:
+    """`syntax` with what the template says of a reply's start: whether its generation prompt
+    ends with the calls' opening (Functionary v3.2's `>>>`: the reply begins with a call's
+    name), and the name under which it writes plain content (its `>>>all\n`)."""
+    user = [{"role": "user", "content": "UUU"}]
+    trigger = syntax.trigger
+    try:
+        opened = template.render(user).endswith(trigger) and bool(trigger)
+        said = template.render(
+            [*user, {"role": "assistant", "content": "CCC"}], add_generation_prompt=False
+        )
+    except UsageError:
+        return syntax
+    before = said[: said.rfind("CCC")]
+    at = before.rfind(trigger) if trigger and syntax.style == "tagged" else -1
+    name = before[at + len(trigger) :] if at >= 0 else ""
+    if syntax.name_end and name.endswith(syntax.name_end):
+        name = name[: -len(syntax.name_end)]
+    content_name = name if name.isalnum() else ""
+    return replace(syntax, opened=opened, content_name=content_name)
 
 
 @functools.lru_cache(maxsize=16)

@@ -65,6 +65,9 @@ class CallParser(Scanner):
         self._trigger = syntax.trigger
         self._n_streamed = 0  # calls given out (dropped ones too)
         self._index = 0  # the stream's index of the call being read
+        if syntax.opened:  # the prompt wrote the trigger: the reply starts inside the calls
+            self._region = _Region(0, 0)
+            self._gen = self._calls()
 
     # --- the public side ---------------------------------------------------------------------
 
@@ -195,7 +198,8 @@ class CallParser(Scanner):
         if s.style == "json" and s.array:
             yield from self._literal("[")
         while True:
-            yield from self._one_call()
+            if not (yield from self._one_call()):
+                return  # what follows is content, up to the next trigger
             if s.call_end:
                 yield from self._literal(s.call_end)
             # The calls so far are whole: a break from here on leaves them as they are.
@@ -222,12 +226,15 @@ class CallParser(Scanner):
             return True
         return self._buf[self._pos] == "{"
 
-    def _one_call(self) -> Generator[None, None, None]:
+    def _one_call(self) -> Generator[None, None, bool]:
+        """One call; False where the "call" is content (to `content_name`)."""
         s = self.syntax
         if s.style == "json":
             yield from self._json_call()
-            return
+            return True
         name = (yield from self._until(s.id_start or s.name_end, MAX_NAME)).strip()
+        if name == s.content_name and name:
+            return False
         call_id = (yield from self._until(s.name_end, MAX_NAME)).strip() if s.id_start else ""
         self._open_call(name, call_id)
         if s.style == "tagged":
@@ -235,6 +242,7 @@ class CallParser(Scanner):
             yield from self._json_value(stream=True)
         else:
             yield from self._xml_args(name)
+        return True
 
     def _open_call(self, name: str, call_id: str = "") -> None:
         if not name or len(name) > MAX_NAME or any(c.isspace() for c in name):

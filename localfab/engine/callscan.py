@@ -84,8 +84,9 @@ class Scanner:
             raise Broken
 
     def _until(self, marker: str, limit: int) -> Generator[None, None, str]:
-        """The text up to `marker` (taken too); no more than `limit` characters."""
-        marker = marker.strip()
+        """The text up to `marker` (taken too); no more than `limit` characters. (Whitespace
+        around the marker is not its own, unless it is nothing but whitespace: a line break.)"""
+        marker = marker.strip() or marker
         while True:
             at = self._buf.find(marker, self._pos)
             if at >= 0:

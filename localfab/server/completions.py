@@ -18,7 +18,13 @@ from starlette.responses import Response
 
 from localfab.chat.messages import validate_messages
 from localfab.chat.session import reply_room
-from localfab.chat.tools import ToolRequest, parse_tools, plan_tools, tool_messages
+from localfab.chat.tools import (
+    ToolRequest,
+    parse_tools,
+    plan_tools,
+    recipient_only,
+    tool_messages,
+)
 from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect, Reasoning
@@ -140,6 +146,8 @@ async def chat_completions(server: Server, request: Request) -> Response:
         gen = replace(gen, thinking=reasoning.thinking, **reasoning_budget(server, body))
     if tools is not None:
         gen = await asyncio.to_thread(with_tools, server, gen, tools, reasoning)
+    if gen.tools is None and not gen.sampling.grammar:
+        gen = replace(gen, tools=recipient_only(server.model.prompts.template))
     dialect = Chat(gen, server.prompt_text, verbose=server.verbose(gen), reasoning=reasoning)
     return await respond(server, request, [Prompt(window.tokens, window)], gen, dialect)
 

@@ -56,7 +56,8 @@ def test_coming_back_to_a_chat_restores_its_window(model_path: Path, tmp_path: P
     assert n == n_plain > 100
     assert cache.stats.hits == 1 and cache.stats.tokens_restored == reused
     # Reopening A processed only the end of its window (the stored reply, tokenized again,
-    # ends otherwise than the tokens generated), where without the cache it processed all of
-    # it but the beginning the two chats' prompts share.
-    assert reused >= n - 10 and reused_plain < 10
+    # may differ from the tokens generated from its first one: at most its 12 tokens and the
+    # turn's end), where without the cache it processed all of it but the beginning the two
+    # chats' prompts share.
+    assert reused >= n - OPTIONS.max_tokens - 4 and reused_plain < 10
     assert cached.text == plain.text

@@ -100,6 +100,32 @@ def test_a_lazy_grammar_waits_for_the_marker_then_holds_the_call(engine: Any) ->
     assert done.text.index("<tool_call>") > 0  # text came first, unconstrained
 
 
+def test_a_prompt_that_opens_the_call_gets_a_grammar_from_the_name_on(engine: Any) -> None:
+    """Functionary v3.2's generation prompt ends with `>>>`: the reply starts with a
+    recipient. With `required` the grammar holds the whole reply from the name on; the calls
+    parse."""
+    chat = template("meetkai-functionary-medium-v3.2.jinja")
+    asked = ToolRequest((WEATHER,), choice="required")
+    plan = plan_tools(asked, chat)
+    assert plan.calling.syntax.opened and not plan.triggers
+    prompt = chat.render(
+        [{"role": "user", "content": "Weather in Oslo?"}], variables={"tools": [WEATHER]}
+    )
+    assert prompt.endswith(">>>")
+    sampling = SamplingParams(temperature=0, grammar=plan.grammar)
+    engine.clear_cache()
+    content, calls, done = run(
+        engine,
+        engine.tokenize(prompt),
+        GenerationOptions(max_tokens=120, sampling=sampling, tools=plan.calling),
+    )
+    assert done.tool_calls and done.tool_calls[0].name == "get_weather", done.text
+    assert done.text.startswith("get_weather\n")
+    assert "city" in json.loads(done.tool_calls[0].arguments)
+    assert content == done.content == ""
+    assert [c.arguments for c in calls.calls] == [c.arguments for c in done.tool_calls]
+
+
 HERMES_FORCED = (
     '<think>I could call <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call> now.</think>'
     'Calling. <tool_call>\n{"name": "g", "arguments": {"x": 1}}\n</tool_call>'

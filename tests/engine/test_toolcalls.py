@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from localfab.chat.templates import ChatTemplate
 from localfab.chat.thinking import template_thinking
-from localfab.chat.tools import ToolRequest, tool_messages
+from localfab.chat.tools import ToolRequest, recipient_only, tool_messages
 from localfab.chat.toolsyntax import GENERIC, tool_syntax
 from localfab.engine.callparser import CallParser
 from localfab.engine.callsyntax import CallSyntax
@@ -233,6 +233,57 @@ def test_a_template_that_states_its_syntax_in_words_gets_that_syntax() -> None:
     assert not results
     assert content == "Let me look."
     assert [(n, json.loads(a)) for n, a in calls] == [("get_weather", a) for a in ARGS]
+
+
+def test_a_template_whose_prompt_opens_the_call_and_names_its_content() -> None:
+    """Functionary v3.2: the generation prompt ends with `>>>`, so a reply starts with its
+    recipient: `all` and a line break for content, a function's name for a call; later calls
+    open with `>>>` again. Its template writes the arguments as text: the history renders
+    them as JSON text."""
+    chat = template("meetkai-functionary-medium-v3.2.jinja")
+    syntax = tool_syntax(chat)
+    assert syntax is not None
+    assert (syntax.style, syntax.trigger, syntax.name_end) == ("tagged", ">>>", "\n")
+    assert (syntax.opened, syntax.content_name) == (True, "all")
+    call = json.dumps(ARGS[0], ensure_ascii=False)
+    cases = [
+        ("all\nHello, world!", "Hello, world!", []),
+        (f"get_weather\n{call}", "", [("get_weather", ARGS[0])]),
+        (f"all\nLet me look.>>>get_weather\n{call}>>>get_weather\n{call}", "Let me look.", 2),
+        ("Hello without a recipient", "Hello without a recipient", []),
+    ]
+    for text, content, calls in cases:
+        want = [("get_weather", ARGS[0])] * calls if isinstance(calls, int) else calls
+        results = {json.dumps(parse(syntax, text, chunks)) for chunks in chunkings(text, 9)}
+        got_content, got = json.loads(results.pop())
+        assert not results
+        assert got_content == content
+        assert [(n, json.loads(a)) for n, a in got] == want
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ARGS[0]},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    shown = chat.render(history, variables={"tools": [WEATHER]})
+    assert f">>>get_weather\n{call}" in shown and shown.endswith(">>>")
+    # Without tools (or with tool_choice none): the recipient goes, no call is read.
+    calling = recipient_only(chat)
+    assert calling is not None and recipient_only(template("Qwen3-Coder.jinja")) is None
+    for text, content in [("all\nHi", "Hi"), (f"get_weather\n{call}", f"get_weather\n{call}")]:
+        parser = calling.parser()
+        parser.feed(text)
+        parser.finish()
+        assert (parser.content, parser.calls) == (content, [])
 
 
 def test_bad_output_is_content_not_a_call() -> None:

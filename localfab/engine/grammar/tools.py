@@ -28,7 +28,7 @@ WS_RULE = r"[ \t\n]?"
 
 def _lit(converter: Any, text: str) -> str:
     """`text` as a grammar literal, optional whitespace after it (and so between markers)."""
-    text = text.strip()
+    text = text.strip() or text.strip(" \t")  # a line break alone is a marker
     if not text:
         return ""
     # A marker that ends in `=` or a quote runs straight into what follows (`<function=NAME`).
@@ -130,8 +130,11 @@ def _call_rule(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, An
     return str(converter._add_rule(f"call-{name}", body))
 
 
-def tool_call_grammar(syntax: CallSyntax, tools: Sequence[Tool], *, parallel: bool = True) -> str:
-    """GBNF for one or more calls (one when not `parallel`) of `tools`, from the trigger on."""
+def tool_call_grammar(
+    syntax: CallSyntax, tools: Sequence[Tool], *, parallel: bool = True, opened: bool = False
+) -> str:
+    """GBNF for one or more calls (one when not `parallel`) of `tools`, from the trigger on
+    (`opened`: from just after it, where the prompt wrote it: Functionary v3.2's `>>>`)."""
     if not tools:
         raise UsageError("a tool-call grammar needs at least one tool")
     converter = schema_converter()
@@ -147,6 +150,9 @@ def tool_call_grammar(syntax: CallSyntax, tools: Sequence[Tool], *, parallel: bo
             "one-call", _seq(_lit(converter, s.call_start), call, _lit(converter, s.call_end))
         )
         body = f"{one}+" if parallel else one
+        if opened:  # the prompt wrote the first call's opening
+            first = _seq(call, _lit(converter, s.call_end))
+            body = _seq(first, f"{one}*") if parallel else first
     root = _seq(_lit(converter, s.section_start), body, _lit(converter, s.section_end))
     converter._add_rule("root", root)
     grammar = str(converter.format_grammar())
