@@ -28,6 +28,7 @@ from localfab.engine.reasoning import TAG_PAIRS
 from localfab.errors import UsageError
 
 _NAME1, _NAME2 = "FFF_FIRST_FUN_F", "SSS_SECOND_FUN_S"
+PYTHON_TAG = "<|python_tag|>"
 _ID = "call00001"  # nine letters and digits, as Mistral's templates want them
 _ARGS = {"AA_ARG_FST_AA": "XXX", "BB_ARG_SND_BB": "YYY"}
 _PROBE_TOOLS = [
@@ -391,7 +392,9 @@ def _opening(template: ChatTemplate, syntax: CallSyntax) -> CallSyntax:
     if syntax.name_end and name.endswith(syntax.name_end):
         name = name[: -len(syntax.name_end)]
     content_name = name if name.isalnum() else ""
-    return replace(syntax, opened=opened, content_name=content_name)
+    # Llama 3.x may write its JSON call after `<|python_tag|>` (the tag of its code calls).
+    lead = PYTHON_TAG if not trigger and PYTHON_TAG in template.source else ""
+    return replace(syntax, opened=opened, content_name=content_name, lead=lead)
 
 
 @functools.lru_cache(maxsize=16)

@@ -104,6 +104,13 @@ class CallParser(Scanner):
     def _find_trigger(self) -> bool:
         """Give out the content before the next trigger; True when one starts a region."""
         buf, trigger = self._buf, self._trigger
+        lead = self.syntax.lead
+        if lead and not (trigger or self.content or self.calls):
+            stripped = buf.lstrip()
+            if stripped.startswith(lead):  # the marker a marker-less call may come after
+                buf = self._buf = stripped[len(lead) :]
+            elif stripped and lead.startswith(stripped) and not self._final:
+                return False  # it may be that marker: wait
         if trigger:
             at = buf.find(trigger)
         elif self.content or self.calls or buf.lstrip()[:1] not in ("", "{"):

@@ -48,6 +48,7 @@ class CallSyntax:
     value_end: str = ""  # "xml": after a value
     parallel: bool = True  # the template can write several calls in one reply
     id_chars: int = 0  # the template takes only ids of this many letters and digits (0: any)
+    lead: str = ""  # "json" without markers: what may come before the call (`<|python_tag|>`)
     content_name: str = ""  # "tagged": a "call" to this name is content (Functionary's `all`)
     opened: bool = False  # the generation prompt ends with the trigger (the reply starts past it)
     family: str = ""

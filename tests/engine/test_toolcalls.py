@@ -286,6 +286,24 @@ def test_a_template_whose_prompt_opens_the_call_and_names_its_content() -> None:
         assert (parser.content, parser.calls) == (content, [])
 
 
+@pytest.mark.parametrize(
+    "name", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja"]
+)
+def test_a_llama_call_may_come_after_its_python_tag(name: str) -> None:
+    """Llama 3.x writes its JSON call bare or after `<|python_tag|>` (as vLLM's parser takes
+    it); the tag is no content. Its built-in tools' `name.call(...)` is content (llama.cpp of
+    this version parses neither)."""
+    syntax = tool_syntax(template(name))
+    assert syntax is not None and syntax.lead == "<|python_tag|>"
+    call = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
+    for text in (call, "<|python_tag|>" + call, " <|python_tag|>\n" + call):
+        for chunks in chunkings(text, 4):
+            assert parse(syntax, text, chunks) == ("", [("get_weather", '{"city": "Oslo"}')])
+    assert parse(syntax, "<|python_tag|>x.call(q=1)") == ("x.call(q=1)", [])
+    assert parse(syntax, "<|python") == ("<|python", [])  # cut there: the text
+    assert parse(syntax, "Hi " + call) == ("Hi " + call, [])  # not the whole answer
+
+
 def test_bad_output_is_content_not_a_call() -> None:
     """An unknown tool, JSON that does not parse: the text as it was, as content; a later
     good call is still found."""
