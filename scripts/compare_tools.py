@@ -98,11 +98,11 @@ FEW_SHOT = [
     *_shot("Oslo", 3),
     {"role": "user", "content": "What is the weather in Istanbul?"},
 ]
+# The weather tool with any city (the few-shot model names one of its own).
 CITY = {
     "type": "function",
     "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a given location",
+        **WEATHER["function"],
         "parameters": {
             "type": "object",
             "properties": {"location": {"type": "string"}},

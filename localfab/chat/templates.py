@@ -416,13 +416,16 @@ class ChatTemplate:
     ) -> str:
         try:
             return self._render_once(msgs, add_generation_prompt, variables)
-        except UsageError:
+        except UsageError as failed:
             # A template that writes a call's arguments as text (Functionary v3.2's
             # `'\n' + arguments`) gets them as JSON text, as llama.cpp gives them.
             texts = _arguments_as_text(msgs)
             if texts is None:
                 raise
-            return self._render_once(texts, add_generation_prompt, variables)
+            try:
+                return self._render_once(texts, add_generation_prompt, variables)
+            except UsageError:
+                raise failed from None  # the template's own complaint, not the retry's
 
     def _render_once(
         self,

@@ -65,6 +65,7 @@ class CallParser(Scanner):
         self._trigger = syntax.trigger
         self._n_streamed = 0  # calls given out (dropped ones too)
         self._index = 0  # the stream's index of the call being read
+        self._said = False  # content was given out after the last call
         if syntax.opened:  # the prompt wrote the trigger: the reply starts inside the calls
             self._region = _Region(0, 0)
             self._gen = self._calls()
@@ -104,25 +105,22 @@ class CallParser(Scanner):
     def _find_trigger(self) -> bool:
         """Give out the content before the next trigger; True when one starts a region."""
         buf, trigger = self._buf, self._trigger
-        lead = self.syntax.lead
-        if lead and not (trigger or self.content or self.calls):
-            stripped = buf.lstrip()
-            if stripped.startswith(lead):  # the marker a marker-less call may come after
-                buf = self._buf = stripped[len(lead) :]
-            elif stripped and lead.startswith(stripped) and not self._final:
-                return False  # it may be that marker: wait
+        start = len(trigger)  # where the region's text starts, in the buffer from `at`
         if trigger:
             at = buf.find(trigger)
-        elif self.content or self.calls or buf.lstrip()[:1] not in ("", "{"):
+        elif self.content or self.calls:
             at = -1  # a marker-less call is the whole answer; this one is not
             trigger = "\x00"  # nothing is held back for it any more
         else:
-            at = len(buf) - len(buf.lstrip()) if buf.strip() else -1
-            trigger = "{"
+            body = self._after_lead(buf)
+            if body is None:
+                return False  # it may be the marker before a call: wait
+            at, start = (0, len(buf) - len(body)) if body[:1] == "{" else (-1, 0)
+            trigger = "\x00" if body else "{"
         if at < 0:
             keep = 0 if self._final else partial_tail(buf, trigger)
             cut = len(buf) - keep
-            if self.calls and not buf[:cut].strip():
+            if self.calls and not self._said and not buf[:cut].strip():
                 # Whitespace after calls is not content (unless text follows it).
                 if self._final:
                     self._buf = ""
@@ -134,10 +132,22 @@ class CallParser(Scanner):
         if at:
             self._content(buf[:at])
         self._buf = buf[at:]
-        self._pos = len(trigger) if self._trigger else 0
+        self._pos = start
         self._region = _Region(self._pos, len(self.calls))
         self._gen = self._calls()
         return True
+
+    def _after_lead(self, buf: str) -> str | None:
+        """A marker-less call's text: `buf` past whitespace and the marker that may lead it
+        (Llama's `<|python_tag|>`); None while `buf` may yet be that marker."""
+        body = buf.lstrip()
+        lead = self.syntax.lead
+        if lead and body.startswith(lead):
+            body = body[len(lead) :].lstrip()
+            return None if not body and not self._final else body
+        if lead and body and lead.startswith(body) and not self._final:
+            return None
+        return body
 
     def _step_calls(self) -> bool:
         """Run the calls parser on the text there is; True when its region closed."""
@@ -193,6 +203,7 @@ class CallParser(Scanner):
         if text:
             self.content += text
             self._out.append(("content", text))
+            self._said = bool(self.calls)
 
     # --- the calls region: a generator that waits for text (reading as in `callscan`) --------
 
@@ -260,6 +271,7 @@ class CallParser(Scanner):
         self._index = self._n_streamed
         self._n_streamed += 1
         self.calls.append(Call(name, "", call_id))
+        self._said = False
         assert self._region is not None
         self._region.emitted = True
         self._out.append(("call", CallDelta(self._index, name=name, id=call_id)))
@@ -306,6 +318,9 @@ class CallParser(Scanner):
             self._open_call(found["name"], found.get("id", ""))
             self._args(found.pop("args", ""))
         elif key == s.args_key:
+            if found.get("had_args"):  # a second arguments key: not a call
+                raise Broken
+            found["had_args"] = "1"
             if named:
                 yield from self._json_value(stream=True)
             else:

@@ -126,6 +126,8 @@ class Scanner:
             if quote < 0:
                 self._pos = len(buf)
                 self._stream_args()
+                if self._final:
+                    raise Ended
                 yield
                 continue
             backslashes = 0

@@ -24,6 +24,7 @@ from localfab.chat.toolsyntax import GENERIC, tool_syntax
 from localfab.engine.callparser import CallParser
 from localfab.engine.callsyntax import CallSyntax
 from localfab.engine.reasoning import ReasoningSplit
+from localfab.errors import UsageError
 from tests.engine.assembled import Assembled
 
 HERE = Path(__file__).parent
@@ -210,6 +211,8 @@ def test_a_template_that_writes_no_calls_gets_the_generic_syntax() -> None:
 HERMES = tool_syntax(template("Qwen-Qwen2.5-7B-Instruct.jinja"))
 MISTRAL = tool_syntax(template("mistralai-Mistral-Nemo-Instruct-2407.jinja"))
 CODER = tool_syntax(template("Qwen3-Coder.jinja"))
+OPEN_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {}}'
+CALL = OPEN_CALL + "\n</tool_call>"
 DEVSTRAL = tool_syntax(template("unsloth-mistral-Devstral-Small-2507.jinja"))
 
 
@@ -291,17 +294,76 @@ def test_a_template_whose_prompt_opens_the_call_and_names_its_content() -> None:
 )
 def test_a_llama_call_may_come_after_its_python_tag(name: str) -> None:
     """Llama 3.x writes its JSON call bare or after `<|python_tag|>` (as vLLM's parser takes
-    it); the tag is no content. Its built-in tools' `name.call(...)` is content (llama.cpp of
-    this version parses neither)."""
+    it); the tag is no content then. Its built-in tools' `name.call(...)` is content, the tag
+    with it (llama.cpp of this version parses neither)."""
     syntax = tool_syntax(template(name))
     assert syntax is not None and syntax.lead == "<|python_tag|>"
     call = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
     for text in (call, "<|python_tag|>" + call, " <|python_tag|>\n" + call):
         for chunks in chunkings(text, 4):
             assert parse(syntax, text, chunks) == ("", [("get_weather", '{"city": "Oslo"}')])
-    assert parse(syntax, "<|python_tag|>x.call(q=1)") == ("x.call(q=1)", [])
+    assert parse(syntax, "<|python_tag|>x.call(q=1)") == ("<|python_tag|>x.call(q=1)", [])
     assert parse(syntax, "<|python") == ("<|python", [])  # cut there: the text
     assert parse(syntax, "Hi " + call) == ("Hi " + call, [])  # not the whole answer
+
+
+@pytest.mark.parametrize(
+    ("family", "text", "content", "calls"),
+    [
+        # Whitespace after text after the calls is content, however it comes.
+        ("qwen", CALL + "\nDone.\n", "Done.\n", [("get_weather", "{}")]),
+        # A string cut at the end, in a region read again after one that broke.
+        (
+            "qwen",
+            '<tool_call>{"arguments":{"x":"a<tool_call>{"name":"get_weather","arguments":{"y":"b',
+            '<tool_call>{"arguments":{"x":"a',
+            [("get_weather", '{"y":"b')],
+        ),
+        # Two arguments in one call: not a call.
+        (
+            "qwen",
+            '<tool_call>{"name":"f","arguments":{"x":1}, "arguments": 5}</tool_call>',
+            None,
+            [],
+        ),
+        # Llama's tag leads one call; a second tag, or no call after it, is text.
+        ("llama", '<|python_tag|><|python_tag|>{"name":"f","parameters":{}}', None, []),
+        ("llama", '<|python_tag|>brave_search.call(query="x")', None, []),
+    ],
+)
+def test_every_chunking_reads_alike(
+    family: str, text: str, content: str | None, calls: Any
+) -> None:
+    """Replies whose reading once depended on how they were cut into pieces."""
+    syntax = tool_syntax(template(FAMILY_TEMPLATES[family]))
+    assert syntax is not None
+    for chunks in chunkings(text, 13):
+        assert parse(syntax, text, chunks) == (text if content is None else content, calls)
+
+
+FAMILY_TEMPLATES = {
+    "qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
+    "llama": "meta-llama-Llama-3.1-8B-Instruct.jinja",
+}
+
+
+def test_a_template_that_fails_on_text_arguments_too_says_its_own_error() -> None:
+    """A render that fails is tried again with the arguments as JSON text (for templates that
+    write them as text); when that fails too, the first failure is what is reported."""
+    source = (
+        "{% for m in messages %}{% if loop.index0 and m.role == loop.previtem.role %}"
+        "{{ raise_exception('roles must alternate') }}{% endif %}{% if m.tool_calls %}"
+        "{% for k, v in m.tool_calls[0].function.arguments.items() %}{{ k }}{% endfor %}"
+        "{% endif %}{% endfor %}"
+    )
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "assistant", "content": "y"},
+    ]
+    with pytest.raises(UsageError, match="roles must alternate"):
+        ChatTemplate(source, "file").render(messages)
 
 
 def test_bad_output_is_content_not_a_call() -> None:
@@ -323,10 +385,6 @@ def test_bad_output_is_content_not_a_call() -> None:
             ("get_weather", '{"city": "Oslo"}')
         ]
         assert parser.content == text[: text.rindex("<tool_call>")]
-
-
-OPEN_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {}}'
-CALL = OPEN_CALL + "\n</tool_call>"
 
 
 @pytest.mark.parametrize(
