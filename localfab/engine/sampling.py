@@ -236,7 +236,7 @@ class GuardedSampler:
         """Like `sample`, for output `index` of the last batch (`logits` are that row)."""
         if self._native:
             tok = int(lc.llama_sampler_sample(self.chain, self._ctx, index))
-            if self.grammar is None or self._allows(tok):
+            if self.grammar is None or self.allows(tok):
                 return tok
             # The lazy grammar has started and refuses the chain's pick (which the chain has
             # taken in: penalties see one token that was not kept): from now on the grammar
@@ -244,7 +244,7 @@ class GuardedSampler:
             self._native = False
         return self.sample(logits)
 
-    def _allows(self, tok: int) -> bool:
+    def allows(self, tok: int) -> bool:
         """Whether the grammar lets `tok` come next (a waiting lazy grammar lets any)."""
         one = self._one
         one["id"] = tok

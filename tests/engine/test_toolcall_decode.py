@@ -126,6 +126,44 @@ def test_a_prompt_that_opens_the_call_gets_a_grammar_from_the_name_on(engine: An
     assert [c.arguments for c in calls.calls] == [c.arguments for c in done.tool_calls]
 
 
+def grammar_takes(engine: Any, grammar: str, text: str) -> bool:
+    """Whether `grammar` lets the model write `text` (token by token, as it would)."""
+    from localfab.engine.sampling import GuardedSampler
+
+    sampler = GuardedSampler(
+        engine.vocab, engine.n_vocab, engine.n_ctx, SamplingParams(grammar=grammar), {}
+    )
+    try:
+        for tok in engine.tokenize(text, add_special=False, parse_special=False):
+            if not sampler.allows(tok):
+                return False
+            sampler.accept(tok)
+        return True
+    finally:
+        sampler.close()
+
+
+def test_a_raw_string_argument_may_hold_any_end_tag_but_its_own(engine: Any) -> None:
+    """Qwen3-Coder writes a file's text raw between `<parameter=...>` tags: under the grammar
+    it may hold `</div>`, `</p`, `<<` and every beginning of `</parameter>`; the end tag itself
+    ends the value."""
+    syntax = tool_syntax(template("Qwen3-Coder.jinja"))
+    assert syntax is not None
+    write = [("write", {"type": "object", "properties": {"text": {"type": "string"}}})]
+    grammar = tool_call_grammar(syntax, write, parallel=False)
+
+    def reply(value: str) -> str:
+        return (
+            f"<tool_call>\n<function=write>\n<parameter=text>\n{value}\n</parameter>\n"
+            "</function>\n</tool_call>"
+        )
+
+    html = '<div class="a">x</div>\n<</p </par </parameter- <a/>'
+    assert grammar_takes(engine, grammar, reply(html))
+    assert grammar_takes(engine, grammar, reply(""))
+    assert not grammar_takes(engine, grammar, reply("a</parameter>b"))
+
+
 HERMES_FORCED = (
     '<think>I could call <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call> now.</think>'
     'Calling. <tool_call>\n{"name": "g", "arguments": {"x": 1}}\n</tool_call>'

@@ -64,17 +64,37 @@ def _args_rule(converter: Any, name: str, schema: Mapping[str, Any]) -> str:
         ) from None
 
 
+def _class_char(c: str) -> str:
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or ("\\" + c if c in "]-\\^[" else c)
+
+
+def _text_without(converter: Any, end: str) -> str:
+    """A rule for raw text that does not hold `end` (a value's end tag, such as
+    `</parameter>`): each character either cannot begin it, or begins it and is followed by
+    one that breaks it off (or begins it anew). So a value may hold `</div>`, and only the end
+    tag ends it. (Where the tag's first character comes again inside it, the simpler "no `<`
+    and its next character" rule.)"""
+    first = end[0]
+    if len(end) < 2:
+        return str(converter._add_rule("xml-text", f"[^{_class_char(first)}]*"))
+    if first in end[1:]:
+        rule = f"([^{_class_char(first)}] | {_quote(converter, first)} [^{_class_char(end[1])}])*"
+        return str(converter._add_rule("xml-text", rule))
+    names = [f"xml-text-{k}" for k in range(len(end))]
+    restart = f"{_quote(converter, first)} {names[1]}"
+    for k in range(len(end) - 1, 0, -1):
+        alts = [f"[^{_class_char(end[k])}{_class_char(first)}]", restart]
+        if k + 1 < len(end):
+            alts.append(f"{_quote(converter, end[k])} {names[k + 1]}")
+        converter._add_rule(names[k], " | ".join(alts))
+    return str(converter._add_rule("xml-text", f"([^{_class_char(first)}] | {restart})*"))
+
+
 def _xml_args(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, Any]) -> str:
     """One tag pair per argument: strings as raw text up to the value's end tag, other
     types as JSON."""
     props = schema.get("properties") if isinstance(schema, Mapping) else None
-    # Raw text up to the end tag: any text without "<" + the tag's second character (llama.cpp's
-    # exact "anything but the tag" automaton makes runs of optional elements past the limits).
-    end = s.value_end.strip()
-    second = converter._format_literal(end[1:2]) if len(end) > 1 else ""
-    until = converter._add_rule(
-        "xml-text", f'([^{end[0]}] | "{end[0]}" [^{end[1:2]}])*' if second else f"[^{end[0]}]*"
-    )
+    until = _text_without(converter, s.value_end.strip())
     fmt = converter._format_literal
     required = set(schema.get("required") or ())
     pairs = []
