@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.commands.run_cache import keep_prompt, ready
+from localfab.commands.run_tools import load_tools, reply_calls, tools_options, use_tools
 from localfab.commands.spec_flags import gather, spec_options, speculation
 from localfab.commands.thinking import (
     ThoughtStream,
@@ -152,7 +153,9 @@ def read_prompt(words: tuple[str, ...]) -> str:
     is_flag=True,
     help="Do not record this reply in the usage ledger (see localfab stats).",
 )
+@tools_options
 @spec_options
+@gather("tool_flags", ("tools_file", "tool_choice"))
 @gather("load_flags", LOAD_FLAGS)
 @gather("sampling_flags", SAMPLING_FLAGS)
 @gather("think_flags", THINK_FLAGS)
@@ -168,6 +171,7 @@ def run(
     verbose: int,
     prompt_cache: bool | None,
     no_ledger: bool,
+    tool_flags: dict[str, Any],
     sampling_flags: dict[str, Any],
     load_flags: dict[str, Any],
     spec_flags: dict[str, Any],
@@ -186,6 +190,7 @@ def run(
 
     setup_logging(verbose)
     _check_limits(max_tokens, load_flags["ctx_size"], max_continues)
+    tools = load_tools(**tool_flags, raw=raw)
     text = read_prompt(prompt)
 
     config = Config.load(paths := default_paths())
@@ -194,10 +199,10 @@ def run(
     loaded = choice.open(speculative=speculative)
     ready(loaded, paths, config, _pick(prompt_cache, config.prompt_cache), think_flags)
 
-    # An explicit -n is a hard cap, as in llama.cpp; only the configured default limit is
-    # continued automatically, unless --max-continues asks for it too.
+    # An explicit -n is a hard cap (llama.cpp); only the configured limit goes on by itself.
     continues = _pick(max_continues, config.max_continues if max_tokens is None else 0)
     options = _options(config, max_tokens, stop, sampling_flags, think_flags)
+    system, options, continues = use_tools(tools, loaded.prompts, system, options, continues)
     session = ChatSession(
         loaded.engine, loaded.prompts, system=None if raw else system, max_continues=continues
     )
@@ -206,7 +211,7 @@ def run(
     events = recorder.wrap(events, prompt_tokens=len(tokens))
     reply = _stream(events, as_json, verbose, hide=think_flags["hide_thinking"])
     energy = recorder.energy or Energy(None, "", "not measured")
-    _report(reply, model, len(tokens), energy, as_json=as_json)
+    _report(reply, model, len(tokens), energy, as_json=as_json, calls=reply_calls(reply, tools))
     if verbose:
         past = speculative is not None and loaded.engine.speculation_batch_past > 1
         _report_timings(reply, energy, drafts=speculative is not None, past=past)
@@ -339,9 +344,11 @@ def _report(
     energy: Energy,
     *,
     as_json: bool,
+    calls: list[dict[str, Any]] | None = None,
 ) -> None:
     """End the streamed text, or write the one JSON object `--json` asks for (a thinking
-    model's thought in `reasoning_content`, its answer in `text`)."""
+    model's thought in `reasoning_content`, its answer in `text`); with tools, the calls (a
+    JSON line each, or `tool_calls`)."""
     out = sys.stdout
     last = reply.pieces[-1]
     if as_json:
@@ -349,7 +356,11 @@ def _report(
             "model": model,
             "text": reply.text,
             **({"reasoning_content": reply.reasoning} if reply.reasoning else {}),
-            "finish_reason": reply.finish_reason,
+            **({"tool_calls": calls} if calls is not None else {}),
+            # As the server says it: a reply that ended in calls ends for them.
+            "finish_reason": "tool_calls"
+            if calls and reply.finish_reason == "stop"
+            else reply.finish_reason,
             "stop_type": reply.stop_type,
             "stopping_word": last.stopping_word,
             "continues": reply.continues,
@@ -365,7 +376,10 @@ def _report(
         line = json.dumps(result, ensure_ascii=False)
         out.write((json_controls(line) if out.isatty() else line) + "\n")
     else:
-        out.write("\n")
+        out.write("\n" if reply.text or not calls else "")
+        for call in calls or ():
+            line = json.dumps(call, ensure_ascii=False)
+            out.write((json_controls(line) if out.isatty() else line) + "\n")
     out.flush()
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LOCALFAB
+from tests.engine.test_toolcalls import WEATHER
+from tests.server.test_tools import CITY_ONLY
 from tests.store.test_store import write_tiny_gguf
 
 
@@ -171,6 +173,58 @@ def test_a_thinking_template_sends_the_thought_to_stderr_and_json_apart(model_pa
     assert thought["reasoning_content"] not in hidden.stderr
     missing = lf([*base[:-1], "nope.jinja"], lf_env)
     assert missing.returncode != 0 and "nope.jinja" in missing.stderr
+
+
+# The weather tool with the city only (the test model writes a day count's digits on and on).
+WEATHER_TOOLS = [{**WEATHER, "function": {**WEATHER["function"], "parameters": CITY_ONLY}}]
+
+
+def test_tools_print_the_calls_as_json_lines(model_path: Path, lf_env, tmp_path):
+    """`--tools FILE.json`: with a call asked for (a tool's name, or required) the reply's
+    calls follow its text as JSON lines; --json gives them in `tool_calls`; a Qwen2.5 template
+    reads them from its own `<tool_call>` markers, the test model's (none) from the generic."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps({"tools": WEATHER_TOOLS}), encoding="utf-8")
+    base = ["run", str(model_path), "Weather in Oslo?", "-n", "60", "--temperature", "0"]
+    base += ["--tools", str(tools), "--no-ledger"]
+    qwen = (
+        Path(__file__).resolve().parents[1]
+        / "engine"
+        / "templates"
+        / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    )
+    for extra in ([], ["--chat-template-file", str(qwen)]):
+        named = lf([*base, *extra, "--tool-choice", "get_weather"], lf_env)
+        assert named.returncode == 0, named.stderr
+        lines = [json.loads(line) for line in named.stdout.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0]["name"] == "get_weather", named.stdout
+        assert isinstance(lines[0]["arguments"]["city"], str)
+    whole = json.loads(lf([*base, "--tool-choice", "get_weather", "--json"], lf_env).stdout)
+    assert [c["name"] for c in whole["tool_calls"]] == ["get_weather"]
+    assert whole["finish_reason"] == "tool_calls" and whole["text"] == ""
+    # required: one call or more (the test model goes on calling until the limit)
+    some = json.loads(lf([*base, "--tool-choice", "required", "--json"], lf_env).stdout)
+    assert some["tool_calls"] and "<tool_call>" not in some["text"]
+    none = json.loads(lf([*base, "--tool-choice", "none", "--json"], lf_env).stdout)
+    assert none["tool_calls"] == []
+
+
+def test_bad_tools_files(lf_env, tmp_path, model_path: Path):
+    bad = tmp_path / "bad.json"
+    cases = [
+        (tmp_path / "nope.json", "does not exist"),
+        (bad, "is not JSON"),
+        (bad, "tools must be an array"),
+        (bad, "holds no tools"),
+    ]
+    contents = [None, "{nope", '{"tools": 3}', "[]"]
+    for (path, needle), text in zip(cases, contents, strict=True):
+        if text is not None:
+            bad.write_text(text, encoding="utf-8")
+        proc = lf(["run", str(model_path), "hi", "--tools", str(path)], lf_env)
+        assert_one_clean_error(proc, 2, needle)
+    raw = lf(["run", str(model_path), "hi", "--raw", "--tools", str(bad)], lf_env)
+    assert_one_clean_error(raw, 2, "--raw")
 
 
 def test_missing_file(lf_env, tmp_path):
