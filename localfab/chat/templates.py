@@ -22,6 +22,7 @@ from jinja2 import TemplateError, nodes
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
+from localfab.chat.call_args import PROBE_CALL, arguments_as_text
 from localfab.errors import UsageError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -414,18 +415,27 @@ class ChatTemplate:
         add_generation_prompt: bool,
         variables: Mapping[str, Any] | None = None,
     ) -> str:
+        # A template that writes a call's arguments as text (Functionary v3.2's
+        # `'\n' + arguments`) gets them as JSON text, as llama.cpp gives them.
+        texts = arguments_as_text(msgs)
+        if texts is not None and self.takes_text_arguments:
+            msgs = texts
+        return self._render_once(msgs, add_generation_prompt, variables)
+
+    @functools.cached_property
+    def takes_text_arguments(self) -> bool:
+        """Whether the template fails on a call's arguments as an object and renders them as
+        text (asked once, as llama.cpp reads a template's capabilities)."""
         try:
-            return self._render_once(msgs, add_generation_prompt, variables)
-        except UsageError as failed:
-            # A template that writes a call's arguments as text (Functionary v3.2's
-            # `'\n' + arguments`) gets them as JSON text, as llama.cpp gives them.
-            texts = _arguments_as_text(msgs)
-            if texts is None:
-                raise
-            try:
-                return self._render_once(texts, add_generation_prompt, variables)
-            except UsageError:
-                raise failed from None  # the template's own complaint, not the retry's
+            self._render_once(PROBE_CALL, False)
+            return False
+        except UsageError:
+            pass
+        try:
+            self._render_once(arguments_as_text(PROBE_CALL) or PROBE_CALL, False)
+        except UsageError:
+            return False
+        return True
 
     def _render_once(
         self,
@@ -458,25 +468,6 @@ class ChatTemplate:
                 f"the chat template ({self.name}) failed: {_failure(exc)}; "
                 "check the messages, or send raw text without a template"
             ) from None
-
-
-def _arguments_as_text(msgs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """`msgs` with their tool calls' arguments as JSON text (None: no call has an object)."""
-    out, changed = [], False
-    for m in msgs:
-        calls = m.get("tool_calls")
-        if isinstance(calls, list):
-            fixed = []
-            for call in calls:
-                function = call.get("function") if isinstance(call, dict) else None
-                if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
-                    text = json.dumps(function["arguments"], ensure_ascii=False)
-                    call = {**call, "function": {**function, "arguments": text}}
-                    changed = True
-                fixed.append(call)
-            m = {**m, "tool_calls": fixed}
-        out.append(m)
-    return out if changed else None
 
 
 def resolve_template(

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from localfab.chat.templates import ChatTemplate
 from localfab.chat.toolsyntax import GENERIC, GENERIC_PROMPT, shows_tools, tool_syntax
@@ -17,6 +17,12 @@ from localfab.engine.callsyntax import MAX_NAME
 from localfab.engine.grammar.tools import tool_call_grammar, trigger_patterns
 from localfab.engine.toolcalls import ToolCalling
 from localfab.errors import UsageError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A dataclass with `sampling` (SamplingParams) and `tools` fields.
+_Opts = TypeVar("_Opts", bound="DataclassInstance")
 
 
 def describe_tools(
@@ -116,6 +122,14 @@ class ToolPlan:
     grammar: str | None
     triggers: tuple[str, ...]
     generic: bool  # the template knows no tools: they are described in a system message
+
+    def onto(self, options: _Opts) -> _Opts:
+        """`options` (the engine's GenerationOptions, or the server's Generation) with this
+        plan: its parser, and its grammar (lazy: with its triggers) where it has one."""
+        sampling = options.sampling  # type: ignore[attr-defined]
+        if self.grammar is not None:
+            sampling = replace(sampling, grammar=self.grammar, grammar_triggers=self.triggers)
+        return replace(options, sampling=sampling, tools=self.calling)
 
 
 def plan_tools(request: ToolRequest, template: ChatTemplate, thinking_end: str = "") -> ToolPlan:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +52,6 @@ def load_tools(tools_file: str | None, tool_choice: str, *, raw: bool) -> ToolRe
     if raw:
         raise UsageError("--tools needs the chat template: leave out --raw")
     path, choice = tools_file, tool_choice
-
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -103,10 +101,7 @@ def use_tools(
         return system, options, 0
     thinking = template_thinking(template, "")
     plan = plan_tools(request, template, thinking.end if thinking else "")
-    sampling = options.sampling
-    if plan.grammar is not None:
-        sampling = replace(sampling, grammar=plan.grammar, grammar_triggers=plan.triggers)
-    return system, replace(options, sampling=sampling, tools=plan.calling), 0
+    return system, plan.onto(options), 0
 
 
 def reply_calls(reply: Reply, request: ToolRequest | None) -> list[dict[str, Any]] | None:

@@ -184,10 +184,7 @@ def with_tools(
         plan = plan_tools(tools, server.model.prompts.template, thinking.end if thinking else "")
     except UsageError as exc:
         raise api_error(exc) from exc
-    sampling = gen.sampling
-    if plan.grammar is not None:
-        sampling = replace(sampling, grammar=plan.grammar, grammar_triggers=plan.triggers)
-    return replace(gen, sampling=sampling, tools=plan.calling)
+    return plan.onto(gen)
 
 
 def reasoning_split(server: Server, body: Mapping[str, Any], tokens: Sequence[int]) -> Reasoning:
