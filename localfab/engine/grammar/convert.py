@@ -27,6 +27,29 @@ def schema_converter() -> Any:
     )
 
 
+class GrammarRules:
+    """llama.cpp's JSON-schema-to-grammar converter as grammars built around schemas use it
+    (tool calls): literals, named rules (made unique as the converter makes its own), a
+    schema's rule, and the whole grammar. The literal and rule helpers are private in
+    llama-cpp-python (its version is pinned): they are read here only."""
+
+    def __init__(self) -> None:
+        self._converter = schema_converter()
+
+    def literal(self, text: str) -> str:
+        return str(self._converter._format_literal(text))
+
+    def rule(self, name: str, body: str) -> str:
+        return str(self._converter._add_rule(name, body))
+
+    def schema(self, schema: dict[str, Any], name: str) -> str:
+        converter = self._converter
+        return str(converter.visit(converter.resolve_refs(schema, "tool"), name))
+
+    def grammar(self) -> str:
+        return str(self._converter.format_grammar())
+
+
 def json_gbnf() -> str:
     """GBNF for any JSON value (llama.cpp's `grammars/json.gbnf`)."""
     return str(_module().JSON_GBNF)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from localfab.engine.callsyntax import CallSyntax
-from localfab.engine.grammar.convert import schema_converter
+from localfab.engine.grammar.convert import GrammarRules
 from localfab.engine.grammar.limits import GrammarLimitError, check_grammar, check_schema
 from localfab.errors import UsageError
 
@@ -26,7 +26,7 @@ Tool = tuple[str, Mapping[str, Any]]  # a function's name and its parameters' JS
 WS_RULE = r"[ \t\n]?"
 
 
-def _lit(converter: Any, text: str) -> str:
+def _lit(converter: GrammarRules, text: str) -> str:
     """`text` as a grammar literal, optional whitespace after it (and so between markers)."""
     text = text.strip() or text.strip(" \t")  # a line break alone is a marker
     if not text:
@@ -35,8 +35,8 @@ def _lit(converter: Any, text: str) -> str:
     return _quote(converter, text) + ("" if text[-1] in '="' else " ws")
 
 
-def _quote(converter: Any, text: str) -> str:
-    return str(converter._format_literal(text))
+def _quote(converter: GrammarRules, text: str) -> str:
+    return converter.literal(text)
 
 
 def _seq(*parts: str) -> str:
@@ -49,11 +49,10 @@ def _seq(*parts: str) -> str:
     return " ".join(words)
 
 
-def _args_rule(converter: Any, name: str, schema: Mapping[str, Any]) -> str:
+def _args_rule(converter: GrammarRules, name: str, schema: Mapping[str, Any]) -> str:
     try:
         check_schema(dict(schema))
-        resolved = converter.resolve_refs(dict(schema), "tool")
-        return str(converter.visit(resolved, f"{name}-args"))
+        return converter.schema(dict(schema), f"{name}-args")
     except GrammarLimitError:
         raise
     except RecursionError:
@@ -68,7 +67,7 @@ def _class_char(c: str) -> str:
     return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or ("\\" + c if c in "]-\\^[" else c)
 
 
-def _text_without(converter: Any, end: str) -> str:
+def _text_without(converter: GrammarRules, end: str) -> str:
     """A rule for raw text that does not hold `end` (a value's end tag, such as
     `</parameter>`): each character either cannot begin it, or begins it and is followed by
     one that breaks it off (or begins it anew). So a value may hold `</div>`, and only the end
@@ -76,26 +75,26 @@ def _text_without(converter: Any, end: str) -> str:
     and its next character" rule.)"""
     first = end[0]
     if len(end) < 2:
-        return str(converter._add_rule("xml-text", f"[^{_class_char(first)}]*"))
+        return converter.rule("xml-text", f"[^{_class_char(first)}]*")
     if first in end[1:]:
         rule = f"([^{_class_char(first)}] | {_quote(converter, first)} [^{_class_char(end[1])}])*"
-        return str(converter._add_rule("xml-text", rule))
+        return converter.rule("xml-text", rule)
     names = [f"xml-text-{k}" for k in range(len(end))]
     restart = f"{_quote(converter, first)} {names[1]}"
     for k in range(len(end) - 1, 0, -1):
         alts = [f"[^{_class_char(end[k])}{_class_char(first)}]", restart]
         if k + 1 < len(end):
             alts.append(f"{_quote(converter, end[k])} {names[k + 1]}")
-        converter._add_rule(names[k], " | ".join(alts))
-    return str(converter._add_rule("xml-text", f"([^{_class_char(first)}] | {restart})*"))
+        converter.rule(names[k], " | ".join(alts))
+    return converter.rule("xml-text", f"([^{_class_char(first)}] | {restart})*")
 
 
-def _xml_args(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, Any]) -> str:
+def _xml_args(converter: GrammarRules, s: CallSyntax, name: str, schema: Mapping[str, Any]) -> str:
     """One tag pair per argument: strings as raw text up to the value's end tag, other
     types as JSON."""
     props = schema.get("properties") if isinstance(schema, Mapping) else None
     until = _text_without(converter, s.value_end.strip())
-    fmt = converter._format_literal
+    fmt = converter.literal
     required = set(schema.get("required") or ())
     pairs = []
     for key, sub in (props or {}).items():
@@ -116,13 +115,13 @@ def _xml_args(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, Any
             fmt(s.value_end.strip()),
         )
         # In the schema's order; the required ones must be there.
-        rule = converter._add_rule(f"{name}-{key}-param", pair)
+        rule = converter.rule(f"{name}-{key}-param", pair)
         pairs.append(rule if key in required else f"{rule}?")
     return _seq(*pairs, "ws") if pairs else "ws"
 
 
-def _call_rule(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, Any]) -> str:
-    fmt = converter._format_literal
+def _call_rule(converter: GrammarRules, s: CallSyntax, name: str, schema: Mapping[str, Any]) -> str:
+    fmt = converter.literal
     # An id the model writes, where the template has one: as many characters as it takes.
     call_id = f"[a-zA-Z0-9]{{{s.id_chars}}}" if s.id_chars else "[a-zA-Z0-9]{1,40}"
     if s.style == "json":
@@ -147,7 +146,7 @@ def _call_rule(converter: Any, s: CallSyntax, name: str, schema: Mapping[str, An
         )
     else:
         body = _seq(fmt(name), fmt(s.name_end.strip()), _xml_args(converter, s, name, schema))
-    return str(converter._add_rule(f"call-{name}", body))
+    return converter.rule(f"call-{name}", body)
 
 
 def tool_call_grammar(
@@ -157,16 +156,16 @@ def tool_call_grammar(
     (`opened`: from just after it, where the prompt wrote it: Functionary v3.2's `>>>`)."""
     if not tools:
         raise UsageError("a tool-call grammar needs at least one tool")
-    converter = schema_converter()
-    converter._add_rule("ws", WS_RULE)
+    converter = GrammarRules()
+    converter.rule("ws", WS_RULE)
     calls = " | ".join(_call_rule(converter, syntax, name, schema) for name, schema in tools)
-    call = converter._add_rule("call", calls)
+    call = converter.rule("call", calls)
     s = syntax
     if s.style == "json" and s.array:
         more = f'("," ws {call})*' if parallel else ""
         body = _seq('"["', "ws", call, more, '"]"', "ws")
     else:
-        one = converter._add_rule(
+        one = converter.rule(
             "one-call", _seq(_lit(converter, s.call_start), call, _lit(converter, s.call_end))
         )
         body = f"{one}+" if parallel else one
@@ -174,8 +173,8 @@ def tool_call_grammar(
             first = _seq(call, _lit(converter, s.call_end))
             body = _seq(first, f"{one}*") if parallel else first
     root = _seq(_lit(converter, s.section_start), body, _lit(converter, s.section_end))
-    converter._add_rule("root", root)
-    grammar = str(converter.format_grammar())
+    converter.rule("root", root)
+    grammar = converter.grammar()
     try:
         check_grammar(grammar)
     except GrammarLimitError as exc:
