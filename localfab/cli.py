@@ -85,6 +85,11 @@ COMMANDS = {
         "stats",
         "Totals and medians per model, plan and day from the usage ledger.",
     ),
+    "mcp": (
+        "mcp",
+        "mcp",
+        "The MCP tool servers for the chat app: list, tools, call, import, revoke.",
+    ),
     "bench": ("benchmark", "bench", "Record a labelled baseline of MODEL; chart tok/s by depth."),
 }
 

@@ -158,6 +158,16 @@ class Config:
         },
     )
 
+    mcp: tuple[tuple[str, Any], ...] = field(
+        default=(),
+        metadata={
+            "doc": "MCP tool servers for the chat app, from the [mcp] table of config.toml: "
+            "[mcp.servers.NAME] with command, args, env, cwd (a program) or url, headers, and "
+            "timeout, enabled; files = [paths of mcpServers JSON files]; not settable from the "
+            "environment"
+        },
+    )
+
     @classmethod
     def load(cls, paths: Paths, env: Mapping[str, str] | None = None) -> Config:
         """Read config.toml (if any) and apply environment overrides.
@@ -178,6 +188,9 @@ class Config:
             sources = {name: str(paths.config_file) for name in values}
         keys = parse_keys(values.pop("keys", {}), where=str(paths.config_file))
         speculative = parse_speculative(values.pop("speculative", {}), where=str(paths.config_file))
+        mcp = values.pop("mcp", {})
+        if not isinstance(mcp, dict):
+            raise UsageError(f"{paths.config_file}: mcp must be a table ([mcp.servers.NAME])")
         known = {f.name: f for f in fields(cls) if f.name not in _TABLES}
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -197,7 +210,9 @@ class Config:
             value = _convert(name, raw, type(getattr(config, name)), where)
             _check_range(name, value, where)
             converted[name] = value
-        return replace(config, keys=keys, speculative=speculative, **converted)
+        return replace(
+            config, keys=keys, speculative=speculative, mcp=tuple(mcp.items()), **converted
+        )
 
 
 def parse_keys(raw: Any, *, where: str = "config.toml") -> tuple[tuple[str, str], ...]:
@@ -227,7 +242,7 @@ def parse_keys(raw: Any, *, where: str = "config.toml") -> tuple[tuple[str, str]
 
 
 # Settings that are tables of config.toml rather than single values.
-_TABLES = ("keys", "speculative")
+_TABLES = ("keys", "speculative", "mcp")
 # The [speculative] table: each key's type and allowed range (None: any value of the type).
 SPECULATIVE_KEYS: dict[str, tuple[type, tuple[float, float] | None]] = {
     "spec_type": (str, None),
@@ -328,6 +343,26 @@ def save_settings(paths: Paths, changes: Mapping[str, Any]) -> Config:
     tmp.write_text(new_text, encoding="utf-8")
     tmp.replace(path)
     return Config.load(paths)
+
+
+def append_to_config(paths: Paths, block: str) -> None:
+    """Append TOML `block` (tables) to config.toml; the file must read back afterwards, and a
+    file that is not valid TOML before is left alone (`UsageError`)."""
+    path = paths.config_file
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML ({exc}): fix or delete it") from exc
+    new_text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block
+    try:
+        tomllib.loads(new_text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: the new settings do not fit with what is there ({exc})") from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(new_text, encoding="utf-8")
+    tmp.replace(path)
 
 
 # The most threads ggml can run (GGML_MAX_N_THREADS in ggml.h); more would overrun its arrays.

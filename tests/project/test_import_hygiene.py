@@ -1,5 +1,5 @@
 """The layer seams: only the engine imports llama_cpp, only localfab/tui imports textual,
-only localfab/server imports the web framework."""
+only localfab/server imports the web framework, only localfab/mcp imports the MCP SDK."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ RULES = {
     "textual": "tui",
     "starlette": "server",
     "uvicorn": "server",
+    "mcp": "mcp",
 }
 
 

@@ -1,0 +1,304 @@
+"""`ToolServers`: the configured MCP servers, started on demand, called from any thread.
+
+The official `mcp` SDK is async (anyio) and each connection's `async with` must be entered and
+left by one task. So the servers live on one event loop in a thread of their own: each running
+server is one long-lived task that holds its connection open until it is told to stop, and a
+call from a front end (a Textual worker, the CLI) is a coroutine sent to that loop and waited
+on. Cancelling a call cancels its coroutine; the SDK then tells the server
+(`notifications/cancelled`). `close()` stops every server and waits for their processes to end
+(the SDK starts each in a process group of its own and ends the whole group): nothing outlives
+the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import sys
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+from localfab.errors import LocalfabError, UsageError
+from localfab.mcp.config import DEFAULT_START_TIMEOUT, ServerConfig
+from localfab.mcp.results import MAX_RESULT_CHARS, ToolOutcome, outcome
+
+T = TypeVar("T")
+# How a tool's name reaches the model: server and tool, joined (names are unique across servers).
+NAME_JOINER = "__"
+
+
+class ToolServerError(LocalfabError):
+    """A server could not be started or reached; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    """One tool of one server, as listed."""
+
+    server: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    @property
+    def qualified(self) -> str:
+        """The name the model calls it by: `server__tool`."""
+        return f"{self.server}{NAME_JOINER}{self.name}"
+
+    @property
+    def digest(self) -> str:
+        """A hash of what the model is told about the tool: an approval holds for this
+        definition only, and a server that changes it is asked about again."""
+        text = json.dumps([self.name, self.description, self.input_schema], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as an OpenAI-style function definition, for the chat template."""
+        schema = self.input_schema or {"type": "object", "properties": {}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.qualified,
+                "description": self.description,
+                "parameters": schema,
+            },
+        }
+
+
+@dataclass
+class ServerState:
+    """A server's state: off (not started), starting, ready, failed (with `error`), stopped."""
+
+    config: ServerConfig
+    status: str = "off"
+    error: str = ""
+    tools: tuple[ToolInfo, ...] = ()
+    client: Any = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    stop: asyncio.Event | None = None
+    task: asyncio.Task[None] | None = None  # the task holding the connection
+    done: threading.Event = field(default_factory=lambda: _set(threading.Event()))  # ended
+
+
+def split_name(qualified: str) -> tuple[str, str]:
+    """`server__tool` -> (server, tool); a name without the joiner has no server ("")."""
+    server, sep, tool = qualified.partition(NAME_JOINER)
+    return (server, tool) if sep else ("", qualified)
+
+
+class ToolServers:
+    """The configured servers; every method may be called from any thread but the loop's."""
+
+    def __init__(self, configs: tuple[ServerConfig, ...], *, log_file: Path | None = None) -> None:
+        self._states = {c.name: ServerState(c) for c in configs}
+        self._log_file = log_file
+        self._log: TextIO | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.RLock()
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="mcp", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def _submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
+
+    def _errlog(self) -> TextIO:
+        """Where stdio servers' stderr goes: the log file when one is given (a full-screen app
+        must not have it written over its screen), else this process's stderr."""
+        if self._log_file is None:
+            return sys.stderr
+        if self._log is None:
+            self._log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self._log_file.open("a", encoding="utf-8")
+        return self._log
+
+    # --- servers -------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        return list(self._states)
+
+    def state(self, name: str) -> ServerState:
+        if name not in self._states:
+            known = ", ".join(self._states) or "none is configured"
+            raise UsageError(f"no MCP server named {name!r} (known: {known}); see `localfab mcp`")
+        return self._states[name]
+
+    def states(self) -> list[ServerState]:
+        return list(self._states.values())
+
+    def start(self, name: str, *, timeout: float = DEFAULT_START_TIMEOUT) -> ServerState:
+        """Start a server (if it is not running) and wait until its tools are listed."""
+        state = self.state(name)
+        if not state.config.enabled:
+            raise ToolServerError(f"MCP server {name!r} is turned off in the config (enabled)")
+        with self._lock:
+            if state.status in ("off", "stopped", "failed"):
+                state.done.wait(5)  # a connection that failed is let go of first
+                state.status, state.error, state.tools = "starting", "", ()
+                state.ready.clear()
+                state.done.clear()
+                self._submit(self._hold(state))
+        if not state.ready.wait(timeout):
+            self.stop(name)
+            state.status = "failed"
+            state.error = f"it did not start within {timeout:g} s"
+        if state.status != "ready":
+            raise ToolServerError(f"MCP server {name!r} could not start: {state.error}")
+        return state
+
+    def tools(self, names: list[str] | None = None) -> list[ToolInfo]:
+        """The tools of the named servers (default: every enabled one), starting them."""
+        out: list[ToolInfo] = []
+        for name in names if names is not None else self.names():
+            if names is None and not self._states[name].config.enabled:
+                continue
+            out.extend(self.start(name).tools)
+        return out
+
+    async def _hold(self, state: ServerState) -> None:
+        """Open the server's connection, list its tools, and hold it until told to stop."""
+        from localfab.mcp.connect import connect, list_all_tools
+
+        state.stop = asyncio.Event()
+        state.task = asyncio.current_task()
+        try:
+            async with connect(state.config, self._errlog()) as client:
+                listed = await list_all_tools(client)
+                state.tools = tuple(ToolInfo(state.config.name, *t) for t in listed)
+                state.client, state.status = client, "ready"
+                state.ready.set()
+                await state.stop.wait()
+            if state.status != "failed":  # a crash seen by a call stays failed
+                state.status = "stopped"
+        except Exception as exc:  # noqa: BLE001 - any failure is the server's state, shown
+            state.status, state.error = "failed", describe(exc)
+        finally:
+            state.client = None
+            state.ready.set()
+            state.done.set()
+
+    def stop(self, name: str, *, wait: float = 5.0) -> None:
+        """Stop a server (its process and children end) and wait up to `wait` seconds."""
+        state = self.state(name)
+        loop, task, stop = self._loop, state.task, state.stop
+        if loop is None or task is None or state.done.is_set():
+            return
+        if state.status == "ready" and stop is not None:
+            loop.call_soon_threadsafe(stop.set)  # the connection closes in its own task
+        else:
+            loop.call_soon_threadsafe(task.cancel)  # still starting: give up on it
+        if not state.done.wait(wait):
+            loop.call_soon_threadsafe(task.cancel)
+            state.done.wait(wait)
+        if state.status in ("ready", "starting"):
+            state.status = "stopped"
+
+    def close(self) -> None:
+        """Stop every server and the loop (the app quits)."""
+        for name in self.names():
+            self.stop(name)
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            if not thread.is_alive():
+                loop.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # --- calls ---------------------------------------------------------------------------------
+
+    def call(
+        self,
+        qualified: str,
+        arguments: dict[str, Any],
+        *,
+        cancel: threading.Event | None = None,
+        timeout: float | None = None,
+        max_chars: int = MAX_RESULT_CHARS,
+    ) -> ToolOutcome:
+        """Call `server__tool` with `arguments`; wait for its outcome (never raises for the
+        tool's own failures: a crash, a timeout, a cancel or garbage are outcomes too)."""
+        server, tool = split_name(qualified)
+        try:
+            state = self.start(server)
+        except (ToolServerError, UsageError) as exc:
+            return ToolOutcome(str(exc), is_error=True, kind="crashed")
+        limit = state.config.timeout if timeout is None else timeout
+        future = self._submit(self._call(state, tool, arguments, limit, max_chars))
+        while True:
+            try:
+                return future.result(timeout=0.05)
+            except concurrent.futures.TimeoutError:
+                if cancel is not None and cancel.is_set():
+                    future.cancel()
+                    return ToolOutcome(
+                        "The call was stopped by the user before it finished.",
+                        is_error=True,
+                        kind="cancelled",
+                    )
+
+    async def _call(
+        self,
+        state: ServerState,
+        tool: str,
+        arguments: dict[str, Any],
+        limit: float,
+        max_chars: int,
+    ) -> ToolOutcome:
+        from localfab.mcp.connect import call_tool
+
+        client = state.client
+        if client is None:
+            return ToolOutcome(
+                f"MCP server {state.config.name!r} is not running", is_error=True, kind="crashed"
+            )
+        try:
+            async with asyncio.timeout(limit):
+                content, structured, is_error = await call_tool(client, tool, arguments)
+        except TimeoutError:
+            return ToolOutcome(
+                f"The tool {tool} did not answer within {limit:g} s and was stopped.",
+                is_error=True,
+                kind="timeout",
+            )
+        except Exception as exc:  # noqa: BLE001 - the server's fault, told to the model
+            message = describe(exc)
+            if "closed" in message.lower() and state.stop is not None:
+                state.status, state.error = "failed", "the server exited during a call"
+                state.stop.set()
+                message = f"The MCP server {state.config.name!r} exited during the call."
+            return ToolOutcome(message, is_error=True, kind="crashed")
+        return outcome(content, structured, is_error, max_chars)
+
+
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an exception from a server or the SDK (groups: the first leaf)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, FileNotFoundError):
+        return f"its command was not found ({exc.filename or text})"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
