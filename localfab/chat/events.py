@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localfab.chat.toolturns import ToolCallMade
 from localfab.engine import Done, Timings, TokenEvent
 
 
@@ -46,6 +47,7 @@ class Reply:
     # A thinking model's thought (not in `text`) and the tokens it took, its tags included.
     reasoning: str = ""
     reasoning_tokens: int = 0
+    tool_calls: tuple[ToolCallMade, ...] = ()  # the calls it made (with tools)
 
     @property
     def completion_tokens(self) -> int:

@@ -311,6 +311,7 @@ class History:
         *,
         status: str = "complete",
         sibling_of: int | None = None,
+        tools: str = "",
     ) -> int:
         """Append a message to the session's current path; returns its id.
 
@@ -332,8 +333,8 @@ class History:
                 parent = self._parent_for(db, session_id, sibling_of)
                 cur = db.execute(
                     "INSERT INTO messages (session_id, seq, role, content, status, created, "
-                    "updated, parent_id, chosen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (session_id, seq, role, content, status, now, now, parent, now),
+                    "updated, parent_id, chosen, tools) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, seq, role, content, status, now, now, parent, now, tools),
                 )
                 message_id = int(cur.lastrowid or 0)
                 db.execute(
@@ -381,11 +382,15 @@ class History:
         status: str | None = None,
         continues: int | None = None,
         reasoning: str | None = None,
+        tools: str | None = None,
     ) -> None:
         sets, args = ["content=?", "updated=?"], [content, time.time()]
         if reasoning is not None:
             sets.append("reasoning=?")
             args.append(reasoning)
+        if tools is not None:
+            sets.append("tools=?")
+            args.append(tools)
         if status is not None:
             sets.append("status=?")
             args.append(status)

@@ -110,6 +110,10 @@ class StoredMessage:
     version: int = 1  # this message's place among its siblings (versions), from 1
     versions: int = 1  # how many versions its place in the conversation has
     reasoning: str = ""  # a thinking model's thought before its answer (`content`)
+    # Tool calling, as JSON ("" for plain text): an assistant message's calls
+    # ({"calls": [{"id", "name", "arguments"}]}), or a tool message's call and outcome
+    # ({"call_id", "name", "kind"}); see `localfab.chat.toolturns`.
+    tools: str = ""
 
 
 # A message's columns as StoredMessage holds them (`m` is the messages table), with its version
@@ -119,7 +123,7 @@ STORED_COLUMNS = (
     "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
     "AND s.session_id=m.session_id AND s.seq<=m.seq), "
     "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
-    "AND s.session_id=m.session_id), m.reasoning"
+    "AND s.session_id=m.session_id), m.reasoning, m.tools"
 )
 # The current path of session ?: (id, depth) from its leaf (depth 0) up to the root.
 PATH = (
@@ -161,7 +165,15 @@ def add_full_text(db: sqlite3.Connection) -> None:
 Migration = str | Callable[[sqlite3.Connection], None]
 # Schema 4: a thinking model's reasoning, kept apart from the answer in `content`.
 ADD_REASONING = "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''"
-MIGRATIONS: tuple[Migration, ...] = (SCHEMA_1, add_full_text, add_versions, ADD_REASONING)
+# Schema 5: tool calls and results (JSON), beside the text in `content`.
+ADD_TOOLS = "ALTER TABLE messages ADD COLUMN tools TEXT NOT NULL DEFAULT ''"
+MIGRATIONS: tuple[Migration, ...] = (
+    SCHEMA_1,
+    add_full_text,
+    add_versions,
+    ADD_REASONING,
+    ADD_TOOLS,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

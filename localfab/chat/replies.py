@@ -18,6 +18,8 @@ from localfab.chat.events import FINISH_STATUS, ChatEvent, Continued, Reply, Shi
 from localfab.chat.fitting import fit_turns
 from localfab.chat.history import History
 from localfab.chat.prompt import PromptBuilder
+from localfab.chat.tools import ToolPlan
+from localfab.chat.toolturns import ToolCallMade, calls_json, calls_made
 from localfab.engine import ChatEngine, Done
 from localfab.engine.reasoning import Thinking
 from localfab.engine.types import GenerationOptions
@@ -41,6 +43,7 @@ class _ReplyRun:
     pending_events: list[Shifted] = field(default_factory=list)
     continues: int = 0
     reasoning: list[str] = field(default_factory=list)  # a thinking model's thought so far
+    calls: tuple[ToolCallMade, ...] = ()  # the tool calls it made
 
 
 class ReplyStreaming:
@@ -51,24 +54,30 @@ class ReplyStreaming:
     system: str | None
     max_continues: int
     n_ctx: int
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     window_start: int
     history: History | None
     session_id: int | None
     expected_cache: list[int]
     _pins: dict[int, tuple[str, tuple[int, ...]]]
     _stored: dict[int, int]
+    # With tools: how replies call them (parser, grammar), and the system prompt with the
+    # tools described where the template does not show them (None: `system` as it is).
+    tool_plan: ToolPlan | None
+    tool_system: str | None
 
-    def window(self, start: int | None = None) -> list[dict[str, str]]:
+    def window(self, start: int | None = None) -> list[dict[str, Any]]:
         """System prompt + messages from `start` (default: the window's start)."""
-        head = [{"role": "system", "content": self.system}] if self.system else []
+        system = self.system if self.tool_system is None else self.tool_system
+        head = [{"role": "system", "content": system}] if system else []
         return head + self.messages[self.window_start if start is None else start :]
 
     def _tokens(
-        self, start: int, messages: list[dict[str, str]], *, continue_final: bool = False
+        self, start: int, messages: list[dict[str, Any]], *, continue_final: bool = False
     ) -> list[int]:
         """Prompt tokens of `messages`, a window that begins at message `start`."""
-        offset = (1 if self.system else 0) - start
+        system = self.system if self.tool_system is None else self.tool_system
+        offset = (1 if system else 0) - start
         pinned = {
             index + offset: tokens
             for index, (content, tokens) in self._pins.items()
@@ -107,6 +116,8 @@ class ReplyStreaming:
         on_full = self._on_full(run, last_user, prefix_text)
         status = "interrupted"
         thinking = options.thinking if raw else self._thinking(prompt, options)
+        if self.tool_plan is not None and not raw:
+            options = self.tool_plan.onto(options)
         piece = replace(options, on_context_full=on_full, thinking=thinking)
         try:
             while True:
@@ -128,6 +139,7 @@ class ReplyStreaming:
                     status=status,
                     continues=run.continues,
                     reasoning="".join(run.reasoning),
+                    tools=calls_json(run.calls),
                 )
 
     def _thinking(self, prompt: list[int], options: GenerationOptions) -> Thinking | None:
@@ -233,6 +245,7 @@ class ReplyStreaming:
         room = self.n_ctx - len(run.base_prompt) - len(run.reply_tokens) - len(done.tokens) - 1
         return (
             done.stop_type == "limit"
+            and not done.tool_calls  # a call cut short is not continued as text
             and run.continues < self.max_continues
             and room > 0
             and not (cancel is not None and cancel.is_set())
@@ -244,6 +257,10 @@ class ReplyStreaming:
             run.parts.append(last.pending.decode("utf-8", errors="replace"))
         text = "".join(run.parts)
         self.messages[run.index]["content"] = text
+        if self.tool_plan is not None:
+            run.calls = calls_made(last.tool_calls, self.tool_plan.calling.syntax.id_chars)
+        if run.calls:
+            self.messages[run.index]["tool_calls"] = [c.message_call() for c in run.calls]
         generated = run.reply_tokens + list(last.tokens)
         # Pinned only when the tokens spell exactly the reply's text: not a reply cut at a
         # stop string, nor one with control tokens (whose text the reply does not show).
@@ -259,6 +276,7 @@ class ReplyStreaming:
             shifts=tuple(run.shifts),
             timings=run.pieces[0].timings,
             pieces=tuple(run.pieces),
+            tool_calls=run.calls,
         )
 
 

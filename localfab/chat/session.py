@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 from localfab.chat.events import FINISH_STATUS, ChatEvent, Continued, Reply, Shifted
 from localfab.chat.fitting import (
@@ -31,6 +32,8 @@ from localfab.chat.fitting import (
 from localfab.chat.history import History, StoredMessage
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.replies import FLUSH_SECONDS, ReplyStreaming
+from localfab.chat.tools import ToolPlan, ToolRequest
+from localfab.chat.toolturns import ToolCallMade, result_json, with_tools
 from localfab.engine import ChatEngine, GenerationOptions
 from localfab.errors import ContextOverflow, UsageError
 
@@ -74,7 +77,7 @@ class ChatSession(ReplyStreaming):
         self.max_continues = max_continues
         self.n_ctx: int = engine.n_ctx
         self.reply_reserve = reply_reserve_for(self.n_ctx, reply_reserve)
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
         self.window_start = 0  # index in messages of the first message in the window
         self.history = history
         self.session_id = session_id
@@ -87,6 +90,9 @@ class ChatSession(ReplyStreaming):
         self._pins: dict[int, tuple[str, tuple[int, ...]]] = {}
         # Message index -> its row in the history, so a continued reply updates its own row.
         self._stored: dict[int, int] = {}
+        self.tools: ToolRequest | None = None
+        self.tool_plan: ToolPlan | None = None
+        self.tool_system: str | None = None
 
     def _fit(self, last_user: int, reserve: int) -> tuple[int, list[int], int, int]:
         """Drop oldest turns until the window fits.
@@ -168,6 +174,64 @@ class ChatSession(ReplyStreaming):
             last_user=last_user,
             sibling_of=sibling_of,
         )
+
+    # --- tools -------------------------------------------------------------------------------
+
+    def set_tools(self, request: ToolRequest | None) -> None:
+        """Offer `request`'s tools to the next replies (None: no tools). The template shows
+        them (or the system prompt describes them, where it shows none), and a reply's calls
+        are parsed, held to the tools' schemas, and kept with it (`Reply.tool_calls`)."""
+        from localfab.chat.thinking import template_thinking
+        from localfab.chat.tools import plan_tools, tool_messages
+
+        self.tools, self.tool_plan, self.tool_system = request, None, None
+        if request is None:
+            self.prompts.variables.pop("tools", None)
+            return
+        template = self.prompts.template
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        shown = tool_messages(template, head, request)
+        if shown and shown[0]["role"] == "system" and shown[0]["content"] != self.system:
+            self.tool_system = str(shown[0]["content"])
+        self.prompts.variables["tools"] = [dict(t) for t in request.tools]
+        if request.choice != "none":
+            thinking = template_thinking(template, "")
+            self.tool_plan = plan_tools(request, template, thinking.end if thinking else "")
+
+    def add_tool_result(self, call: ToolCallMade, text: str, *, kind: str = "result") -> None:
+        """The outcome of one of the last reply's calls, as a `tool` message the next reply
+        reads (`kind`: result, error, denied, timeout, cancelled, crashed); stored."""
+        self.messages.append(
+            {"role": "tool", "content": text, "tool_call_id": call.id, "name": call.name}
+        )
+        if self.history is not None and self.session_id is not None:
+            self._stored[len(self.messages) - 1] = self.history.add_message(
+                self.session_id, "tool", text, tools=result_json(call.id, call.name, kind)
+            )
+
+    def follow_up(self, options: GenerationOptions = NO_OPTIONS) -> Iterator[ChatEvent]:
+        """The model's next reply after the tool results: the same turn goes on."""
+        if not self.messages or self.messages[-1]["role"] != "tool":
+            raise UsageError("there is no tool result to answer: send a message instead")
+        last_user = max(i for i, m in enumerate(self.messages) if m["role"] == "user")
+        reserve = reply_room(self.n_ctx, options.max_tokens, self.reply_reserve)
+        start, tokens, dropped, n_before = self._fit(last_user, reserve)
+        if len(tokens) >= self.n_ctx - 1:
+            raise ContextOverflow(
+                len(tokens),
+                self.n_ctx,
+                f"the tool results need {len(tokens)} tokens with the chat, but the context "
+                f"window holds {self.n_ctx}: start a new chat or raise the context with -c",
+            )
+        yield from self._answer(last_user, (start, tokens, dropped, n_before), options=options)
+
+    def room_for_result(self) -> int:
+        """Tokens a tool result may take: what the window has left after the chat so far and
+        the room kept for the reply, shared by the last reply's calls."""
+        used = len(self._tokens(self.window_start, self.window()))
+        last = self.messages[-1] if self.messages else {}
+        calls = max(1, len(last.get("tool_calls") or ()))
+        return max(0, (self.n_ctx - self.reply_reserve - used) // calls)
 
     # --- versions ------------------------------------------------------------------------------
 
@@ -377,9 +441,10 @@ class ChatSession(ReplyStreaming):
         return session
 
 
-def _message(m: StoredMessage) -> dict[str, str]:
-    """A stored message as the template takes it (a thought as `reasoning_content`)."""
-    out = {"role": m.role, "content": m.content}
+def _message(m: StoredMessage) -> dict[str, Any]:
+    """A stored message as the template takes it (a thought as `reasoning_content`, tool
+    calls and results as OpenAI's messages carry them)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.reasoning:
         out["reasoning_content"] = m.reasoning
-    return out
+    return with_tools(out, m.role, m.tools)

@@ -13,6 +13,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from localfab.chat.toolturns import check_stored, stored_calls, stored_tools
 from localfab.errors import UsageError
 
 if TYPE_CHECKING:
@@ -21,10 +22,10 @@ if TYPE_CHECKING:
 EXPORT_FORMAT = "localfab-chat"
 EXPORT_VERSION = 2
 READS_VERSIONS = (1, 2)
-IMPORT_ROLES = ("system", "user", "assistant")
+IMPORT_ROLES = ("system", "user", "assistant", "tool")
 # The statuses a stored message can have; `generating` imports as `interrupted`.
 IMPORT_STATUSES = ("complete", "length", "interrupted")
-HEADINGS = {"user": "You", "assistant": "Assistant", "system": "System"}
+HEADINGS = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool result"}
 # Imported numbers are bounded: a time between 1970 and the year 3000 (else the import's own
 # time), and at most this many continuations.
 LATEST_TIME = 32_503_680_000.0
@@ -50,9 +51,22 @@ def _heading(m: StoredMessage) -> str:
     heading = HEADINGS.get(m.role, m.role.title())
     if m.status in ("length", "interrupted"):
         heading += f" ({'cut at the token limit' if m.status == 'length' else 'interrupted'})"
+    if m.role == "tool":
+        data = stored_tools(m.tools)
+        heading += f" ({data.get('name', '')}, {data.get('kind', 'result')})"
     if m.versions > 1:
         heading += f" (version {m.version} of {m.versions})"
     return heading
+
+
+def _calls_markdown(m: StoredMessage) -> list[str]:
+    """An assistant message's tool calls, each a fenced JSON block under its name."""
+    lines: list[str] = []
+    for call in stored_calls(m.tools):
+        lines += ["", f"Tool call `{call.name}`:", "", "```json"]
+        arguments = call.arguments if isinstance(call.arguments, dict) else {"": call.arguments}
+        lines += [json.dumps(arguments, ensure_ascii=False, indent=2), "```"]
+    return lines
 
 
 def export_markdown(history: History, session_id: int) -> str:
@@ -67,6 +81,7 @@ def export_markdown(history: History, session_id: int) -> str:
         if m.reasoning:  # a thinking model's thought, folded as Markdown viewers fold it
             lines += ["<details><summary>Thought</summary>", "", m.reasoning, "", "</details>", ""]
         lines.append(m.content)
+        lines += _calls_markdown(m)
     return "\n".join(lines) + "\n"
 
 
@@ -76,7 +91,7 @@ def export_json(history: History, session_id: int) -> str:
     with history.read() as db:
         rows = db.execute(
             "SELECT id, parent_id, role, content, status, continues, created, updated, "
-            "reasoning FROM messages WHERE session_id=? ORDER BY seq",
+            "reasoning, tools FROM messages WHERE session_id=? ORDER BY seq",
             (session_id,),
         ).fetchall()
         leaf = db.execute("SELECT leaf_id FROM sessions WHERE id=?", (session_id,)).fetchone()[0]
@@ -85,9 +100,11 @@ def export_json(history: History, session_id: int) -> str:
     messages = []
     for row in rows:
         message: dict[str, Any] = {"parent": place.get(row[1])}
-        message.update(zip(fields, row[2:-1], strict=True))
+        message.update(zip(fields, row[2:-2], strict=True))
+        if row[-2]:
+            message["reasoning"] = row[-2]
         if row[-1]:
-            message["reasoning"] = row[-1]
+            message["tools"] = stored_tools(row[-1])
         messages.append(message)
     data = {
         "format": EXPORT_FORMAT,
@@ -170,7 +187,7 @@ def _parent(m: dict[str, Any], i: int, version: int) -> int | None:
 
 
 def _row(m: object, i: int, version: int, now: float) -> tuple[Any, ...]:
-    """(parent place, role, content, status, continues, created, updated, reasoning) of
+    """(parent place, role, content, status, continues, created, updated, reasoning, tools) of
     message i."""
     if (
         not isinstance(m, dict)
@@ -191,6 +208,10 @@ def _row(m: object, i: int, version: int, now: float) -> tuple[Any, ...]:
     reasoning = m.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, str):
         raise UsageError(f"message {i + 1} of the chat export has a reasoning that is not text")
+    try:
+        tools = check_stored(m.get("tools"), m["role"], f"message {i + 1} of the chat export")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return (
         _parent(m, i, version),
         m["role"],
@@ -200,6 +221,7 @@ def _row(m: object, i: int, version: int, now: float) -> tuple[Any, ...]:
         created,
         _time(m.get("updated"), created),
         _text(reasoning, f"message {i + 1}") if reasoning else "",
+        _text(tools, f"message {i + 1}"),
     )
 
 
@@ -241,8 +263,8 @@ def import_json(history: History, text: str) -> int:
         for seq, (parent, *fields) in enumerate(rows):
             cur = db.execute(
                 "INSERT INTO messages (session_id, seq, parent_id, role, content, status, "
-                "continues, created, updated, reasoning, chosen) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "continues, created, updated, reasoning, tools, chosen) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (session_id, seq, None if parent is None else ids[parent], *fields, fields[4]),
             )
             ids.append(int(cur.lastrowid or 0))

@@ -9,12 +9,11 @@ array, OpenAI answers one object whose `choices` hold every result in order.
 
 from __future__ import annotations
 
-import secrets
-import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localfab.chat.toolturns import new_call_id
 from localfab.engine.reasoning import Thinking, Unsplit
 from localfab.engine.types import Done, TokenEvent, TokenProbs
 from localfab.server import shapes
@@ -22,15 +21,6 @@ from localfab.server.jobs import Progress, Step
 from localfab.server.params import Generation
 
 Probs = Sequence[tuple[int, TokenProbs]]
-
-_ID_CHARS = string.ascii_letters + string.digits
-
-
-def new_call_id(chars: int = 0) -> str:
-    """A tool call's id as llama-server makes one: 32 random letters and digits (or `chars`,
-    where the template takes only ids of that length: Mistral's nine)."""
-    return "".join(secrets.choice(_ID_CHARS) for _ in range(chars or 32))
-
 
 Detokenize = Callable[[Sequence[int]], str]
 
