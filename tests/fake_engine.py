@@ -12,9 +12,12 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from localfab.chat.templates import BUILTIN_TEMPLATES
+from localfab.engine.callsyntax import CallDelta
 from localfab.engine.thought import ThoughtStep
+from localfab.engine.toolcalls import ToolStep
 from localfab.engine.types import (
     ContextFull,
     Done,
@@ -211,6 +214,8 @@ class FakeEngine:
         stop_type: StopType = "eos"
         # A thinking template's reply split as the engine's token step splits it.
         thought = None if options.thinking is None else ThoughtStep(options.thinking)
+        # A reply with tools: its calls parsed out by the engine's own parser.
+        tools = None if options.tools is None else ToolStep(options.tools)
         for token in script:
             ended = self._ends_before(token, generated, used, max_tokens, cancel, on_context_full)
             if isinstance(ended, tuple):
@@ -225,12 +230,18 @@ class FakeEngine:
             if first_at is None:
                 first_at = time.monotonic()
             piece = self._pieces[token]
-            parts = None if thought is None else thought.take(piece, whole=True)
-            yield TokenEvent(token, piece, None, parts)
-        if thought is not None:
-            tail = thought.finish("")
-            if tail:
-                yield TokenEvent(generated[-1] if generated else -1, "", None, tail)
+            parts: Any = None if thought is None else thought.take(piece, whole=True)
+            calls: tuple[CallDelta, ...] = ()
+            if tools is not None:
+                parts, calls = tools.take(parts or (("content", piece),))
+            yield TokenEvent(token, piece, None, parts, calls)
+        tail: Any = () if thought is None else thought.finish("")
+        if tools is not None:
+            tail, calls = tools.take(tail, final=True)
+            if tail or calls:
+                yield TokenEvent(generated[-1] if generated else -1, "", None, tail, calls)
+        elif tail:
+            yield TokenEvent(generated[-1] if generated else -1, "", None, tail)
         end = time.monotonic()
         first = first_at or end
         if stop_type != "eos" and generated:
@@ -257,6 +268,7 @@ class FakeEngine:
             content="" if split is None else split.content,
             reasoning_tokens=0 if thought is None else thought.n_reasoning,
             in_reasoning=split is not None and split.state == "reasoning",
+            tool_calls=None if tools is None else tuple(tools.parser.calls),
         )
 
 

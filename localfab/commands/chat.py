@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -121,7 +122,9 @@ def open_app(
         )
         # Each reply's figures go to the usage ledger unless the settings turn it off.
         ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None
-        return LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger)
+        backend = LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger)
+        backend.servers, backend.approvals = tool_servers(now, paths)
+        return backend
 
     def facts_for(name: str) -> ModelFacts:
         from localfab.gguf.facts import read_facts  # loaded when the fit screen opens
@@ -212,3 +215,23 @@ def chat(
         theme=theme,
         template_file=chat_template_file,
     )
+
+
+def tool_servers(config: Config, paths: Paths) -> tuple[Any, Any]:
+    """The MCP servers config.toml names, and the approvals file (None, None: no server).
+    A mistake in their settings is logged and leaves the chat without tools, not without a
+    model."""
+    from localfab.mcp.approvals import FILE_NAME, Approvals
+    from localfab.mcp.config import configured_servers
+    from localfab.mcp.servers import ToolServers
+
+    try:
+        servers = configured_servers(config, paths)
+    except UsageError as exc:
+        logging.getLogger("localfab.tui").warning("MCP servers left out: %s", exc)
+        return None, None
+    if not servers:
+        return None, None
+    # stdio servers' stderr goes to a file: written on the screen, it would garble it.
+    log_file = paths.cache_dir / "mcp-servers.log"
+    return ToolServers(servers, log_file=log_file), Approvals(paths.config_dir / FILE_NAME)

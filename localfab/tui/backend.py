@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from localfab.errors import LoadCancelled
 
@@ -56,6 +56,7 @@ class StoredTurn:
     version: int = 1  # which version of its place in the chat this is, from 1
     versions: int = 1  # how many versions its place has (edits, regenerated replies)
     reasoning: str = ""  # a thinking model's thought before the reply
+    tools: str = ""  # tool calls (an assistant's) or a result (a tool message's), as stored
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,26 @@ class ReplyContinued:
 
 
 @dataclass(frozen=True)
+class ToolCallShown:
+    """A call a reply made: its id, the tool (`server__tool`) and its arguments."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | str
+
+
+@dataclass(frozen=True)
+class ToolResultShown:
+    """What a call came to, as its card shows it: the text the model reads, and its kind
+    (result, error, denied, timeout, cancelled, crashed); `full_chars`: its length before it
+    was cut to fit the window (0: not cut)."""
+
+    text: str
+    kind: str = "result"
+    full_chars: int = 0
+
+
+@dataclass(frozen=True)
 class ReplyFinished:
     """The end of a reply: why it stopped and how fast it was."""
 
@@ -106,6 +127,9 @@ class ReplyFinished:
     reasoning: str = ""
     thought_tokens: int = 0
     thought_ms: float | None = None
+    # The tool calls the reply made, each (id, name, arguments as a dict or the model's text);
+    # the chat asks before any of them runs.
+    tool_calls: tuple[ToolCallShown, ...] = ()
 
 
 ReplyEvent = ReplyText | WindowShifted | ReplyContinued | ReplyFinished
@@ -190,3 +214,45 @@ class ReportsWindow(Protocol):
 
     @property
     def window_start(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class ToolServerRow:
+    """A configured MCP server as the tools screen lists it."""
+
+    name: str
+    target: str  # its command line or URL (never its env or headers)
+    status: str  # off, starting, ready, failed, stopped
+    error: str = ""
+    tools: tuple[str, ...] = ()  # its tools' names, once started
+    in_use: bool = False  # this chat offers its tools to the model
+
+
+@runtime_checkable
+class UsesTools(Protocol):
+    """A backend whose chat can call tools from MCP servers. Every method but `tool_servers`
+    and `tool_rounds` runs in a worker."""
+
+    def tool_servers(self) -> list[ToolServerRow]: ...
+
+    def use_servers(self, names: list[str]) -> list[ToolServerRow]:
+        """Offer the named servers' tools to this chat (starting them); [] turns tools off."""
+        ...
+
+    def tool_rounds(self) -> int:
+        """The most rounds of calls one message may lead to."""
+        ...
+
+    def always_allowed(self, name: str) -> bool: ...
+
+    def allow_always(self, name: str) -> None: ...
+
+    def run_tool(self, call: ToolCallShown, cancel: threading.Event) -> ToolResultShown:
+        """Run an approved call (not on the engine thread: the model stays free)."""
+        ...
+
+    def add_tool_result(self, call: ToolCallShown, result: ToolResultShown) -> None: ...
+
+    def follow_up(self, *, last_round: bool, cancel: threading.Event) -> Iterator[ReplyEvent]:
+        """The model's reply to the results (`last_round`: it may call no more tools)."""
+        ...

@@ -30,14 +30,18 @@ from localfab.tui.cache_notes import (
 )
 from localfab.tui.engine_thread import EngineThread, on_engine, streamed_on_engine
 from localfab.tui.reply_events import translate
+from localfab.tui.tool_backend import DEFAULT_TOOL_ROUNDS, ToolUse
 
 if TYPE_CHECKING:
     from localfab.chat.history import History, StoredMessage
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession
+    from localfab.chat.tools import ToolRequest
     from localfab.config import Config, Paths
     from localfab.engine.types import GenerationOptions, SamplingParams
     from localfab.ledger.writer import LedgerWriter, ReplyRecorder
+    from localfab.mcp.approvals import Approvals
+    from localfab.mcp.servers import ToolServers
     from localfab.plan import Wishes
 
 log = logging.getLogger("localfab.tui")
@@ -88,7 +92,7 @@ class ChatOptions:
 
 
 @dataclass
-class LocalBackend:
+class LocalBackend(ToolUse):
     """A ChatSession over a model loaded in this process (or over a fake engine in tests).
 
     The model is loaded, and every reply generated, on the backend's one engine thread
@@ -116,6 +120,11 @@ class LocalBackend:
     _think_mode: str | None = None  # this chat's thinking, where it set its own
     _think_budget: int | None = None
     engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
+    # MCP tool servers (None: none configured), the tools this chat offers, and approvals.
+    servers: ToolServers | None = None
+    approvals: Approvals | None = None
+    max_tool_rounds: int = DEFAULT_TOOL_ROUNDS
+    _tool_request: ToolRequest | None = None
 
     @on_engine
     def load(self, *, progress: ProgressCallback, cancel: threading.Event) -> ModelCard:
@@ -206,6 +215,7 @@ class LocalBackend:
         from localfab.chat.thinking import template_caps
 
         _, mode, budget = self.thinking()
+        self._offer_tools(self._chat())
         prompts = self._require().prompts
         if mode == "auto" or template_caps(prompts.template)["supports_enable_thinking"]:
             prompts.set_thinking(mode)
@@ -335,6 +345,7 @@ class LocalBackend:
     def close(self) -> None:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+        self.close_tools()
         self.engine_thread.call(self._close)
         self.engine_thread.shutdown()
 
@@ -350,7 +361,9 @@ class LocalBackend:
 
 
 def _turn(m: StoredMessage) -> StoredTurn:
-    return StoredTurn(m.role, m.content, m.status, m.id, m.version, m.versions, m.reasoning)
+    return StoredTurn(
+        m.role, m.content, m.status, m.id, m.version, m.versions, m.reasoning, m.tools
+    )
 
 
 def model_loader(

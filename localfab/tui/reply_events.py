@@ -13,6 +13,7 @@ from localfab.tui.backend import (
     ReplyEvent,
     ReplyFinished,
     ReplyText,
+    ToolCallShown,
     WindowShifted,
 )
 from localfab.tui.cache_notes import drain, prompt_note
@@ -105,4 +106,5 @@ def finished(
         reasoning=reply.reasoning,
         thought_tokens=reply.reasoning_tokens,
         thought_ms=clock.thought_ms() if reply.reasoning else None,
+        tool_calls=tuple(ToolCallShown(c.id, c.name, c.arguments) for c in reply.tool_calls),
     )

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -31,12 +31,13 @@ from localfab.tui.backend import (
     StoredTurn,
     WindowShifted,
 )
-from localfab.tui.clipboard import system_copy
 from localfab.tui.pacing import StreamingGC, cpu_share_for, max_interval_for
 from localfab.tui.reply_stream import InboxItem, ReplyFailed, ReplyStream, StreamEnd, Thought
+from localfab.tui.screens.chat_copy import CopyActions
 from localfab.tui.screens.chat_parts import ReplyJob, merge_continued, reply_footer, shown_index
 from localfab.tui.screens.chat_sessions import SessionActions, SessionOpened
 from localfab.tui.screens.chat_thinking import ThinkingActions
+from localfab.tui.screens.chat_tools import ToolActions, ToolCommands
 from localfab.tui.screens.chat_versions import VersionActions, VersionCommands
 from localfab.tui.widgets.chat_log import ChatLog
 from localfab.tui.widgets.dialogs import ErrorDialog
@@ -53,11 +54,11 @@ if TYPE_CHECKING:
 WIDE = 100  # from this width the sessions panel shows unless the user hid it
 
 
-class ChatScreen(SessionActions, VersionActions, ThinkingActions):
+class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, CopyActions):
     """Chat with the loaded model."""
 
     AUTO_FOCUS = "#prompt"
-    COMMANDS = {VersionCommands}
+    COMMANDS = {VersionCommands, ToolCommands}
 
     BINDINGS = [
         Binding("escape", "stop", "Stop", id="chat.stop"),
@@ -77,6 +78,7 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions):
         Binding("ctrl+end,end", "follow", "Follow", id="chat.follow", show=False),
         Binding("ctrl+l", "cancel_load", "Cancel load", id="chat.cancel_load", show=False),
         Binding("f3,alt+t", "toggle_thought", "Thought", id="chat.thought", show=False),
+        Binding("f6,alt+o", "tools", "Tools", id="chat.tools", show=False),
     ]
 
     class InboxWoke(Message):
@@ -222,6 +224,7 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions):
             await self._send_edit(event.text)
             return
         event.prompt.load_text("")
+        self.new_message_sent()
         log = self.query_one("#chat-log", VerticalScroll)
         await self._drop_welcome()
         self._user_view = ChatMessage("user", event.text)
@@ -330,6 +333,7 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions):
             self._show_context()
             self.refresh_sessions()
             self.call_after_refresh(self._gc.end)  # after the reply's last frame is painted
+            self.tools_after_reply()
 
     async def _finished(self, item: ReplyFinished, view: MessageView | None) -> None:
         self.stream.ended = True
@@ -345,6 +349,10 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions):
         self.thought_finished(item, view)
         for note in item.notes:  # the prompt cache's (a state file discarded, a full disk)
             self.notify(note, title="Note", timeout=8)
+        await self.ask_about_calls(item, view)
+
+    def new_reply_view(self) -> MessageView:
+        return ChatMessage("assistant", status="generating")
 
     def _show_context(self) -> None:
         if self.backend is not None and self.loaded:
@@ -359,6 +367,8 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions):
             self._cancel.set()
             if self._reply is not None:
                 self._reply.set_footer("stopping…")
+        elif self.stop_tools():
+            return
         elif self.model_loading:
             self.action_cancel_load()
         elif self._cancel_edit(clear=True) or isinstance(self.focused, ChatMessage):
@@ -393,39 +403,6 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions):
     def action_follow(self) -> None:
         """Scroll to the end and follow the reply again."""
         self.query_one("#chat-log", VerticalScroll).anchor()
-
-    def action_copy_reply(self) -> None:
-        """Copy the last reply, byte-exact (as far as it has streamed)."""
-        text = self.query_one(ChatLog).last_reply_text()
-        if text is None:
-            self.notify("There is no reply to copy yet.", severity="warning")
-            return
-        self.copy_out(text, "the last reply")
-
-    def action_copy_code(self) -> None:
-        """Copy the code block under the mouse or holding the focus, else the last one."""
-        code = self.query_one(ChatLog).code_to_copy(self.app.mouse_over, self.focused)
-        if code is None:
-            self.notify("There is no code block to copy.", severity="warning")
-            return
-        self.copy_out(code, "the code block")
-
-    def copy_out(self, text: str, what: str) -> None:
-        """OSC 52 now; the system clipboard in a worker (a tool may take a moment)."""
-        self.app.copy_to_clipboard(text)
-        self._system_copy(text, what)
-
-    @work(thread=True, group="copy", exit_on_error=False)
-    def _system_copy(self, text: str, what: str) -> None:
-        result = system_copy(text)
-        message, severity = result.message(what, len(text))
-        self.app.call_from_thread(
-            self.notify,
-            message,
-            title="Copy",
-            severity=severity,
-            timeout=4 if result.tool else 8,
-        )
 
     # --- sessions ------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from textual.widgets.markdown import MarkdownFence
 from localfab.tui.backend import StoredTurn
 from localfab.tui.widgets.messages import MessageView, fence_at
 from localfab.tui.widgets.sessions import ResumeDivider
+from localfab.tui.widgets.tool_cards import stored_tool_cards
 from localfab.tui.widgets.versions import ChatMessage
 
 
@@ -35,21 +36,24 @@ class ChatLog(VerticalScroll):
         await self.remove_children()
         if not shown:
             await self.mount(Static(welcome, id="welcome"))
-        placed = [
-            ChatMessage(
-                t.role,
-                t.content,
-                status=t.status,
-                message_id=t.message_id,
-                version=t.version,
-                versions=t.versions,
-                reasoning=t.reasoning,
-            )
-            if t.content or t.reasoning
-            else None
-            for t in shown
-        ]
-        await self.mount_all([v for v in placed if v is not None])
+        placed: list[ChatMessage | None] = []
+        widgets: list[Widget] = []
+        for t in shown:
+            view = None
+            if (t.content or t.reasoning) and t.role != "tool":
+                view = ChatMessage(
+                    t.role,
+                    t.content,
+                    status=t.status,
+                    message_id=t.message_id,
+                    version=t.version,
+                    versions=t.versions,
+                    reasoning=t.reasoning,
+                )
+                widgets.append(view)
+            placed.append(view)
+            widgets.extend(stored_tool_cards(t.role, t.content, t.tools))
+        await self.mount_all(widgets)
         if resume_at is not None and left:
             # Old turns stayed on screen but left the window when the chat was rebuilt.
             first = next((v for v in placed[resume_at:] if v), None)

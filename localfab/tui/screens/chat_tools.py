@@ -1,0 +1,229 @@
+"""Tools in the chat screen: which MCP servers a chat uses, a card for each call the model
+makes (nothing runs before the person allows it, unless they chose "always" for that tool),
+the calls run in a worker (Esc stops one), the results shown as cards and handed back to the
+model, which goes on, for at most `tool_rounds` rounds per message.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from textual import on, work
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.containers import VerticalScroll
+from textual.message import Message
+
+from localfab.tui.backend import ReplyFinished, ToolResultShown, UsesTools
+from localfab.tui.screens.chat_parts import ChatHost
+from localfab.tui.widgets.messages import MessageView
+from localfab.tui.widgets.tool_cards import ToolCallCard, ToolResultCard, ToolsScreen
+
+
+@dataclass
+class ToolRound:
+    """The calls of one reply, waiting for the person's answers, then running."""
+
+    cards: list[ToolCallCard]
+    number: int
+    cancel: threading.Event = field(default_factory=threading.Event)
+    running: bool = False
+
+
+class CallDone(Message):
+    """A call's result (from the worker that ran it)."""
+
+    def __init__(self, card: ToolCallCard, result: ToolResultShown) -> None:
+        super().__init__()
+        self.card, self.result = card, result
+
+
+class RoundDone(Message):
+    """Every call of a round has its result."""
+
+    def __init__(self, current: ToolRound) -> None:
+        super().__init__()
+        self.round = current
+
+
+class ToolActions(ChatHost):
+    """Tool calls in the chat, asked about, run and fed back."""
+
+    _tool_round: ToolRound | None = None
+    _rounds_this_message = 0
+
+    def _tools(self) -> UsesTools | None:
+        backend = self.backend
+        return backend if isinstance(backend, UsesTools) else None
+
+    # --- servers for this chat ----------------------------------------------------------------
+
+    def action_tools(self) -> None:
+        """Pick the MCP servers whose tools this chat offers the model."""
+        tools = self._tools()
+        if tools is None:
+            self.notify("This model's backend cannot call tools.", severity="warning")
+            return
+        self.app.push_screen(ToolsScreen(tools.tool_servers()), self._servers_picked)
+
+    def _servers_picked(self, names: list[str] | None) -> None:
+        if names is not None:
+            self._use_servers(names)
+
+    @work(thread=True, group="tool-servers", exclusive=True, exit_on_error=False)
+    def _use_servers(self, names: list[str]) -> None:
+        tools = self._tools()
+        assert tools is not None
+        rows = tools.use_servers(names)
+        used = [r for r in rows if r.in_use]
+        failed = [r for r in rows if r.name in names and not r.in_use]
+        if used:
+            count = sum(len(r.tools) for r in used)
+            text = f"{count} tool(s) from {', '.join(r.name for r in used)} offered to the model."
+        else:
+            text = "No tools are offered to the model."
+        self.app.call_from_thread(self.notify, text, title="Tools")
+        for row in failed:
+            self.app.call_from_thread(
+                self.notify, f"{row.name}: {row.error}", title="Tools", severity="error"
+            )
+
+    # --- calls --------------------------------------------------------------------------------
+
+    def new_message_sent(self) -> None:
+        """A message of the person's: the rounds count from zero again."""
+        self._rounds_this_message = 0
+
+    async def ask_about_calls(self, item: ReplyFinished, view: MessageView | None) -> None:
+        """The reply made calls: a card for each, after the reply."""
+        tools = self._tools()
+        if not item.tool_calls or tools is None:
+            return
+        self._rounds_this_message += 1
+        limit = tools.tool_rounds()
+        number = self._rounds_this_message
+        cards = [
+            ToolCallCard(call, round_text=f"round {number}/{limit}") for call in item.tool_calls
+        ]
+        log = self.query_one("#chat-log", VerticalScroll)
+        await log.mount_all(cards)
+        self._tool_round = ToolRound(cards, number)
+        for card in cards:
+            if tools.always_allowed(card.call.name):
+                card.action_decide("always")
+
+    def tools_after_reply(self) -> None:
+        """The reply's stream ended: the first undecided card takes the focus."""
+        current = self._tool_round
+        if current is None:
+            return
+        waiting = [c for c in current.cards if c.choice is None]
+        if waiting:
+            waiting[0].focus()
+            self.query_one("#chat-log", VerticalScroll).anchor()
+        else:
+            self._run_round(current)
+
+    @on(ToolCallCard.Decided)
+    def _decided(self, event: ToolCallCard.Decided) -> None:
+        tools, current = self._tools(), self._tool_round
+        if tools is None or current is None or event.card not in current.cards:
+            return
+        if event.choice == "always":
+            tools.allow_always(event.card.call.name)
+        waiting = [c for c in current.cards if c.choice is None]
+        if waiting:
+            waiting[0].focus()
+        elif not self.streaming and not current.running:
+            self._run_round(current)
+
+    def _run_round(self, current: ToolRound) -> None:
+        current.running = True
+        self._run_calls(current)
+
+    @work(thread=True, group="tool-calls", exclusive=True, exit_on_error=False)
+    def _run_calls(self, current: ToolRound) -> None:
+        tools = self._tools()
+        assert tools is not None
+        for card in current.cards:
+            if card.choice == "deny" or current.cancel.is_set():
+                result = _denied(card.reason, stopped=current.cancel.is_set())
+            else:
+                self.app.call_from_thread(card.mark, "running… (Esc stops it)")
+                result = tools.run_tool(card.call, current.cancel)
+            tools.add_tool_result(card.call, result)
+            self.post_message(CallDone(card, result))
+        self.post_message(RoundDone(current))
+
+    @on(CallDone)
+    async def _show_result(self, event: CallDone) -> None:
+        card, result = event.card, event.result
+        card.mark({"result": "done", "error": "failed"}.get(result.kind, result.kind))
+        log = self.query_one("#chat-log", VerticalScroll)
+        await log.mount(ToolResultCard(card.call.name, result), after=card)
+
+    @on(RoundDone)
+    async def _after_round(self, event: RoundDone) -> None:
+        """Every call of the round has its result: the model answers them."""
+        current = event.round
+        if self._tool_round is current:
+            self._tool_round = None
+        tools = self._tools()
+        if tools is None:
+            return
+        last = current.number >= tools.tool_rounds()
+        if last:
+            self.notify(
+                f"{current.number} rounds of tool calls: the model answers without tools now.",
+                title="Tools",
+            )
+        log = self.query_one("#chat-log", VerticalScroll)
+        view = self.new_reply_view()
+        await log.mount(view)
+        view.start_stream()
+        self._reply = view
+        self._start_reply(lambda cancel: tools.follow_up(last_round=last, cancel=cancel))
+
+    def new_reply_view(self) -> MessageView:
+        raise NotImplementedError
+
+    def stop_tools(self) -> bool:
+        """Esc while calls wait or run: the running call is stopped, the rest are not run.
+        Returns whether there was a round to stop."""
+        current = self._tool_round
+        if current is None:
+            return False
+        current.cancel.set()
+        for card in current.cards:
+            if card.choice is None:
+                card.action_decide("deny")
+        self.notify("Tool calls stopped.", title="Tools")
+        return True
+
+
+class ToolCommands(Provider):
+    """The command palette's entry for tools."""
+
+    async def search(self, query: str) -> Hits:
+        screen = self.screen
+        if isinstance(screen, ToolActions):
+            name = "Tools: MCP servers for this chat"
+            score = self.matcher(query).match(name)
+            if score > 0:
+                yield Hit(score, self.matcher(query).highlight(name), screen.action_tools)
+
+    async def discover(self) -> Hits:
+        screen = self.screen
+        if isinstance(screen, ToolActions):
+            yield DiscoveryHit(
+                "Tools: MCP servers for this chat",
+                screen.action_tools,
+                help="Pick the MCP servers whose tools the model may call (each call is asked)",
+            )
+
+
+def _denied(reason: str, *, stopped: bool) -> ToolResultShown:
+    if stopped:
+        return ToolResultShown("The user stopped the tool calls before this one ran.", "cancelled")
+    text = "The user denied this call."
+    return ToolResultShown(f"{text} Their reason: {reason}" if reason else text, "denied")
