@@ -116,6 +116,13 @@ class Config:
             "(-1: no limit, 0: answer at once)"
         },
     )
+    tool_rounds: int = field(
+        default=5,
+        metadata={
+            "doc": "rounds of tool calls (MCP) one message may lead to in the chat app; then "
+            "the model answers without tools"
+        },
+    )
     theme: str = field(
         default="", metadata={"doc": "the terminal app's theme by name; empty: localfab-dark"}
     )
@@ -163,8 +170,8 @@ class Config:
         metadata={
             "doc": "MCP tool servers for the chat app, from the [mcp] table of config.toml: "
             "[mcp.servers.NAME] with command, args, env, cwd (a program) or url, headers, and "
-            "timeout, enabled; files = [paths of mcpServers JSON files]; not settable from the "
-            "environment"
+            "timeout, enabled, tools (only these); files = [paths of mcpServers JSON files]; "
+            "not settable from the environment"
         },
     )
 
@@ -378,6 +385,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "min_p": (0.0, 1.0, "a number from 0 to 1"),
     "repeat_penalty": (0.0, 100.0, "a number from 0 to 100 (1.0 disables)"),
     "max_continues": (0, 1000, "0 (never continue) or a small positive number"),
+    "tool_rounds": (1, 100, "a number of rounds, 1 to 100"),
     "prompt_cache_disk": (0, 1 << 30, "0 (nothing on disk) or a number of MiB"),
     "reasoning_budget": (-1, 1 << 31, "-1 (no limit), 0 or a number of tokens"),
 }

@@ -265,6 +265,12 @@ class PromptBuilder:
             tokens.insert(0, self.engine.bos_token)
         return tokens
 
+    def holds_control_text(self, text: str) -> bool:
+        """Whether `text`, tokenized as template text is, would hold a control token."""
+        tokenize = self.engine.tokenize
+        plain = tokenize(text, add_special=False, parse_special=False)
+        return tokenize(text, add_special=False, parse_special=True) != plain
+
     def raw(self, text: str) -> list[int]:
         """Tokenize plain text with no template (BOS added as the model asks)."""
         return self.engine.tokenize(text, add_special=True, parse_special=False)

@@ -33,7 +33,7 @@ from localfab.chat.history import History, StoredMessage
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.replies import FLUSH_SECONDS, ReplyStreaming
 from localfab.chat.tools import ToolPlan, ToolRequest
-from localfab.chat.toolturns import ToolCallMade, result_json, with_tools
+from localfab.chat.toolturns import ToolCallMade, defang, result_json, with_tools
 from localfab.engine import ChatEngine, GenerationOptions
 from localfab.errors import ContextOverflow, UsageError
 
@@ -189,6 +189,10 @@ class ChatSession(ReplyStreaming):
             self.prompts.variables.pop("tools", None)
             return
         template = self.prompts.template
+        # Tool definitions come from third parties (MCP servers) and are rendered as template
+        # text, where control tokens are read: theirs are made plain text.
+        tools = defang(request.tools, self.prompts.holds_control_text)
+        request = replace(request, tools=tools)
         head = [{"role": "system", "content": self.system}] if self.system else []
         shown = tool_messages(template, head, request)
         if shown and shown[0]["role"] == "system" and shown[0]["content"] != self.system:

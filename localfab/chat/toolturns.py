@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import secrets
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,3 +131,27 @@ def check_stored(value: Any, role: str, where: str) -> str:
     if role == "tool" and value.get("kind", "result") not in RESULT_KINDS:
         raise ValueError(f"{where}: tools.kind must be one of {', '.join(RESULT_KINDS)}")
     return text
+
+
+# Put after each of these characters, a zero-width space breaks the text of every control token
+# of the common families (<|im_end|>, <end_of_turn>, [INST], </s>) without changing what a
+# person or a model reads.
+_BREAK_AFTER = "<[|"
+_ZWSP = "\u200b"
+
+
+def defang(value: Any, holds_control_text: Callable[[str], bool]) -> Any:
+    """`value` (tool definitions: JSON) with every string that the tokenizer would read as a
+    control token made plain text: a server's tool description cannot end a turn or open one."""
+    if isinstance(value, dict):
+        return {
+            defang(k, holds_control_text): defang(v, holds_control_text) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(defang(v, holds_control_text) for v in value)
+    if not isinstance(value, str) or not holds_control_text(value):
+        return value
+    broken = "".join(c + _ZWSP if c in _BREAK_AFTER else c for c in value)
+    if holds_control_text(broken):
+        broken = "".join(c for c in value if c not in "<>[]|")
+    return broken

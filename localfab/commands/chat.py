@@ -120,11 +120,9 @@ def open_app(
         loader = model_loader(
             name, paths, now, ctx_size=ctx_size, wishes=wishes, template_file=template_file
         )
-        # Each reply's figures go to the usage ledger unless the settings turn it off.
-        ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None
-        backend = LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger)
-        backend.servers, backend.approvals = tool_servers(now, paths)
-        return backend
+        ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None  # figures, if on
+        tools = tool_servers(now, paths)  # the config's MCP servers
+        return LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger, **tools)
 
     def facts_for(name: str) -> ModelFacts:
         from localfab.gguf.facts import read_facts  # loaded when the fit screen opens
@@ -217,8 +215,9 @@ def chat(
     )
 
 
-def tool_servers(config: Config, paths: Paths) -> tuple[Any, Any]:
-    """The MCP servers config.toml names, and the approvals file (None, None: no server).
+def tool_servers(config: Config, paths: Paths) -> dict[str, Any]:
+    """The MCP servers config.toml names, the approvals file and the rounds a message may
+    lead to, as `LocalBackend` takes them (no servers: none).
     A mistake in their settings is logged and leaves the chat without tools, not without a
     model."""
     from localfab.mcp.approvals import FILE_NAME, Approvals
@@ -229,9 +228,13 @@ def tool_servers(config: Config, paths: Paths) -> tuple[Any, Any]:
         servers = configured_servers(config, paths)
     except UsageError as exc:
         logging.getLogger("localfab.tui").warning("MCP servers left out: %s", exc)
-        return None, None
+        return {}
     if not servers:
-        return None, None
+        return {}
     # stdio servers' stderr goes to a file: written on the screen, it would garble it.
     log_file = paths.cache_dir / "mcp-servers.log"
-    return ToolServers(servers, log_file=log_file), Approvals(paths.config_dir / FILE_NAME)
+    return {
+        "servers": ToolServers(servers, log_file=log_file),
+        "approvals": Approvals(paths.config_dir / FILE_NAME),
+        "max_tool_rounds": config.tool_rounds,
+    }

@@ -31,7 +31,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 _VAR = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _STDIO_KEYS = {"command", "args", "env", "cwd"}
 _HTTP_KEYS = {"url", "headers"}
-_COMMON_KEYS = {"enabled", "timeout", "type", "description"}
+_COMMON_KEYS = {"enabled", "timeout", "type", "description", "tools"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class ServerConfig:
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     enabled: bool = True  # false: listed, never started
     timeout: float = DEFAULT_CALL_TIMEOUT  # seconds a call may run
+    tools: tuple[str, ...] = ()  # only these of its tools are offered (empty: all)
 
     @property
     def transport(self) -> str:
@@ -127,6 +128,7 @@ def parse_server(name: str, raw: Any, *, where: str) -> ServerConfig:
         headers=_pairs(raw, "headers", here),
         enabled=_flag(raw, "enabled", here),
         timeout=_timeout(raw, here),
+        tools=tuple(_text_list(raw, "tools", here)),
     )
 
 
@@ -232,6 +234,8 @@ def server_toml(server: ServerConfig) -> str:
             lines.append(f"{key} = {{ {items} }}")
     if not server.enabled:
         lines.append("enabled = false")
+    if server.tools:
+        lines.append(f"tools = [{', '.join(toml_string(t) for t in server.tools)}]")
     if server.timeout != DEFAULT_CALL_TIMEOUT:
         lines.append(f"timeout = {server.timeout:g}")
     return "\n".join(lines) + "\n"

@@ -178,7 +178,10 @@ class ToolServers:
         try:
             async with connect(state.config, self._errlog()) as client:
                 listed = await list_all_tools(client)
-                state.tools = tuple(ToolInfo(state.config.name, *t) for t in listed)
+                only = state.config.tools
+                state.tools = tuple(
+                    ToolInfo(state.config.name, *t) for t in listed if not only or t[0] in only
+                )
                 state.client, state.status = client, "ready"
                 state.ready.set()
                 await state.stop.wait()

@@ -132,7 +132,15 @@ class ReplyFinished:
     tool_calls: tuple[ToolCallShown, ...] = ()
 
 
-ReplyEvent = ReplyText | WindowShifted | ReplyContinued | ReplyFinished
+@dataclass(frozen=True)
+class ToolCallWriting:
+    """The model began writing a tool call (`count`: the reply's calls so far)."""
+
+    name: str
+    count: int
+
+
+ReplyEvent = ReplyText | WindowShifted | ReplyContinued | ReplyFinished | ToolCallWriting
 ProgressCallback = Callable[[LoadProgress], None]
 
 

@@ -78,6 +78,9 @@ class ChatOptions:
     # tokens (-1: none); the defaults of every chat, which the chat can change for itself.
     thinking: str = "auto"
     reasoning_budget: int = -1
+    # With tools on: "auto" (the model decides) or "required" (every reply but a last
+    # round's calls a tool, held by the grammar).
+    tool_choice: str = "auto"
 
     def reply(self, cancel: threading.Event, budget: int | None = None) -> GenerationOptions:
         """What one reply asks of the engine, stopped by `cancel` (`budget`: the chat's own)."""
@@ -161,6 +164,7 @@ class LocalBackend(ToolUse):
         loaded = self._require()
         self._opened = ""
         self._think_mode = self._think_budget = None  # each chat starts from the defaults
+        self._tool_request = None  # and without tools: each chat turns them on for itself
         if session_id is not None and self.history is not None:
             engine = loaded.engine
             before, started = getattr(engine, "restored", None), time.perf_counter()

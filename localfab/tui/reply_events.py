@@ -14,6 +14,7 @@ from localfab.tui.backend import (
     ReplyFinished,
     ReplyText,
     ToolCallShown,
+    ToolCallWriting,
     WindowShifted,
 )
 from localfab.tui.cache_notes import drain, prompt_note
@@ -62,7 +63,12 @@ def translate(
     from localfab.chat.session import Continued, Reply, Shifted
 
     clock = ThoughtClock()
+    calls = 0
     for event in events:
+        for delta in getattr(event, "calls", ()):
+            if delta.name:  # a call's name: the model has begun one
+                calls += 1
+                yield ToolCallWriting(delta.name, calls)
         if isinstance(event, Reply):
             yield finished(event, energy(), prompt_note(event.timings, opened), drain(notes), clock)
         elif isinstance(event, Shifted):

@@ -35,6 +35,7 @@ class ToolUse:
     servers: ToolServers | None
     approvals: Approvals | None
     max_tool_rounds: int
+    options: Any  # LocalBackend's ChatOptions (tool_choice)
     engine_thread: EngineThread
     _tool_request: ToolRequest | None
 
@@ -84,7 +85,8 @@ class ToolUse:
                 definitions += [t.definition() for t in self.servers.tools([name])]  # type: ignore[union-attr]
             except ToolServerError:
                 continue  # its row says why
-        self._tool_request = parse_tools(definitions, "auto") if definitions else None
+        choice = self.options.tool_choice
+        self._tool_request = parse_tools(definitions, choice) if definitions else None
         return self.tool_servers()
 
     def tool_rounds(self) -> int:

@@ -90,7 +90,7 @@ def test_vscode_servers_and_bad_files(tmp_path: Path) -> None:
 
 def test_toml_round_trip() -> None:
     server = parse_server("files", CLAUDE["mcpServers"]["files"], where="x")
-    off = ServerConfig(name="web", url="https://h/mcp", enabled=False, timeout=5)
+    off = ServerConfig(name="web", url="https://h/mcp", enabled=False, timeout=5, tools=("a",))
     for s in (server, off):
         table = tomllib.loads(server_toml(s))["mcp"]["servers"][s.name]
         assert parse_server(s.name, table, where="x") == s

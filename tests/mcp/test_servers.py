@@ -171,3 +171,11 @@ def test_environment_is_not_passed_whole(tmp_path: Path, monkeypatch: pytest.Mon
 def test_split_name() -> None:
     assert split_name("files__read_file") == ("files", "read_file")
     assert split_name("plain") == ("", "plain")
+
+
+def test_only_the_listed_tools_are_offered(tmp_path: Path) -> None:
+    servers = ToolServers((stdio_config(tools=("add", "echo")),), log_file=tmp_path / "log")
+    try:
+        assert [t.name for t in servers.tools()] == ["add", "echo"]
+    finally:
+        servers.close()

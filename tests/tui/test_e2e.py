@@ -170,3 +170,52 @@ def test_a_template_file_drops_the_notice_about_the_models_own(model_path, tmp_p
         assert not any("no chat template" in n for n in loaded.info.notices)
     finally:
         loaded.close()
+
+
+@pytest.mark.anyio
+async def test_a_forced_tool_call_on_the_real_model(model_path, tmp_path):
+    """The real model, tools required: its call (held by the grammar) is asked about, run on
+    a real MCP server, and answered; the model then replies without tools (one round)."""
+    from localfab.mcp.servers import ToolServers
+    from localfab.tui.widgets.tool_cards import ToolCallCard, ToolResultCard
+    from tests.mcp.conftest import stdio_config
+
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
+    history = History(paths.sessions_db)
+    loader = model_loader(str(model_path), paths, Config(), ctx_size=2048)
+    options = ChatOptions(
+        max_tokens=48, max_continues=0, sampling=SamplingParams.greedy(), tool_choice="required"
+    )
+    call_log = tmp_path / "calls.log"
+    backend = LocalBackend(loader, history, model_path.name, options, max_tool_rounds=1)
+    backend.servers = ToolServers(
+        (stdio_config(log=call_log, tools=("add",)),), log_file=tmp_path / "mcp.log"
+    )
+    app = make_app(AppDeps(backend=backend, history=history, model_name=model_path.name))
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.screen_stack and app.chat.loaded, seconds=300)
+            chat = app.chat
+            await pilot.press("f5")
+            await pilot.pause(0.2)
+            await pilot.press("enter")
+            await pilot.click("#tools-use")
+            await wait_for(pilot, lambda: any(r.in_use for r in backend.tool_servers()))
+            await pilot.press(*"Add 2 and 40", "enter")
+            await wait_for(pilot, lambda: bool(chat.query(ToolCallCard)), seconds=300)
+            await wait_for(pilot, lambda: not chat.streaming, seconds=300)
+            card = chat.query_one(ToolCallCard)
+            assert card.call.name == "box__add" and set(card.call.arguments) == {"a", "b"}
+            card.focus()
+            await pilot.press("y")
+            await wait_for(pilot, lambda: chat.replies_finished >= 2, seconds=300)
+            result = chat.query_one(ToolResultCard).result
+            assert result.kind == "result"
+            args = card.call.arguments
+            assert result.text == str(args["a"] + args["b"])  # the server's own sum
+            roles = [m.role for m in history.messages(backend.session_id)]
+            assert roles == ["user", "assistant", "tool", "assistant"]
+    finally:
+        backend.close()
+        history.close()
+    assert call_log.read_text().startswith("add ")

@@ -13,12 +13,15 @@ from textual.pilot import Pilot
 
 from localfab.chat.history import History
 from localfab.mcp.approvals import Approvals
+from localfab.mcp.config import ServerConfig
 from localfab.mcp.servers import ToolServers
 from localfab.tui.app import LocalfabApp
 from localfab.tui.local_backend import LocalBackend
+from localfab.tui.widgets.messages import MessageView
+from localfab.tui.widgets.status import StatusBar
 from localfab.tui.widgets.tool_cards import ToolCallCard, ToolResultCard, ToolsScreen
 from tests.fake_engine import FakeEngine
-from tests.mcp.conftest import stdio_config
+from tests.mcp.conftest import http_url, stdio_config  # noqa: F401 - a fixture
 from tests.tui_support import FIXED_NOW, build_app, finished, loaded, send, wait_for
 
 pytestmark = pytest.mark.slow
@@ -27,6 +30,7 @@ CALLS = {
     "add": {"name": "box__add", "arguments": {"a": 2, "b": 40}},
     "slow": {"name": "box__slow", "arguments": {"seconds": 30}},
     "ansi": {"name": "box__ansi", "arguments": {}},
+    "big": {"name": "box__big", "arguments": {"n": 1_000_000}},
 }
 ANSWER = "The tool said so."
 
@@ -43,8 +47,10 @@ def tool_engine() -> FakeEngine:
     def reply(user: str) -> str:
         if "<|im_start|>tool" in engine.last_prompt.rsplit("<|im_start|>user", 1)[-1]:
             return ANSWER
-        call = CALLS[user.split()[-1]]
-        return f"Let me check.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        word = user.split()[-1]
+        calls = [CALLS["add"]] * 10 if word == "many" else [CALLS[word]]
+        blocks = "".join(f"<tool_call>\n{json.dumps(c)}\n</tool_call>\n" for c in calls)
+        return f"Let me check.\n{blocks}"
 
     engine.reply = reply
     return engine
@@ -61,7 +67,7 @@ def tool_app(tmp_path: Path, call_log: Path) -> tuple[LocalfabApp, LocalBackend]
 
 async def tools_on(pilot: Pilot[None], app: LocalfabApp) -> None:
     await loaded(pilot, app)
-    await pilot.press("alt+o")
+    await pilot.press("f5")
     await wait_for(pilot, lambda: isinstance(app.screen, ToolsScreen))
     await pilot.press("enter")  # the first server, selected
     await pilot.click("#tools-use")
@@ -242,5 +248,86 @@ def test_reopened_chat_shows_its_cards(tmp_path: Path) -> None:
         (result,) = cards(app, ToolResultCard)
         shown = str(result.query_one(".tool-output").render())
         assert "\x1b" not in shown and "␛[31m" in shown
+
+    run(app, body)
+
+
+def test_http_server_and_a_1mb_result_cut_to_the_window(
+    tmp_path: Path,
+    http_url: str,  # noqa: F811
+) -> None:
+    """Over streamable HTTP: a 1 MB result is cut to what the window has room for, the model
+    is told, and its answer still fits."""
+    app, backend = tool_app(tmp_path, tmp_path / "unused.log")
+    backend.servers = ToolServers((ServerConfig(name="box", url=http_url),))
+
+    async def body(pilot: Pilot[None]) -> None:
+        await tools_on(pilot, app)
+        await send(pilot, app, "please call big")
+        await decided_and_answered(pilot, app, "y")
+        await wait_for(pilot, lambda: app.chat.replies_finished >= 2, seconds=30)
+        await finished(pilot, app)
+        result = cards(app, ToolResultCard)[0].result
+        assert result.kind == "result" and result.full_chars == 1_000_000
+        assert len(result.text) < 4096 * 3  # the fake model's whole window, in characters
+        assert "result cut: 1,000,000 characters" in result.text
+        used, total = backend.context_usage()
+        assert used < total and app.chat.last_finish == "stop"
+
+    run(app, body)
+
+
+@pytest.mark.parametrize("theme", ["localfab-dark", "localfab-light"])
+@pytest.mark.parametrize("size", [(100, 30), (80, 24)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tool_cards_snapshot(
+    snap_compare: Callable[..., bool],
+    tmp_path: Path,
+    call_log: Path,
+    size: tuple[int, int],
+    theme: str,
+) -> None:
+    """A reopened chat's call and result cards, then a new call waiting for an answer."""
+    history, sid = tool_chat(tmp_path / "h.sqlite3")
+    app, _ = build_app(
+        history, engine=tool_engine(), session_id=sid, theme=theme, clock_now=FIXED_NOW
+    )
+    backend = app.backend
+    assert isinstance(backend, LocalBackend)
+    backend.servers = ToolServers((stdio_config(log=call_log),), log_file=tmp_path / "mcp.log")
+
+    async def ready(pilot: Pilot[None]) -> None:
+        await tools_on(pilot, app)
+        await send(pilot, app, "please call add")
+        await wait_for(pilot, lambda: len(cards(app, ToolCallCard)) == 2)
+        await finished(pilot, app)
+        await wait_for(pilot, lambda: app.chat.replies_finished >= 1)
+        await pilot.pause(0.2)
+        app.clear_notifications()
+        # The live reply's figures (its speed) differ from run to run.
+        views = [v for v in app.chat.query(MessageView) if v.role == "assistant"]
+        views[-1].set_footer("21 tokens")
+        app.chat.query_one(StatusBar).show_speed(None, None)
+        cards(app, ToolCallCard)[-1].focus()
+        await pilot.pause(0.2)
+        app.chat.query_one("#chat-log").scroll_end(animate=False)
+        await pilot.pause(0.2)
+
+    try:
+        assert snap_compare(app, terminal_size=size, run_before=ready)
+    finally:
+        backend.close()
+
+
+def test_a_reply_with_too_many_calls_asks_about_eight(tmp_path: Path, call_log: Path) -> None:
+    app, _ = tool_app(tmp_path, call_log)
+
+    async def body(pilot: Pilot[None]) -> None:
+        await tools_on(pilot, app)
+        await send(pilot, app, "please call many")
+        await wait_for(pilot, lambda: len(cards(app, ToolCallCard)) == 10)
+        await finished(pilot, app)
+        shown = cards(app, ToolCallCard)
+        assert [c.choice for c in shown] == [None] * 8 + ["deny", "deny"]
+        assert shown[9].reason == "at most 8 calls per reply"
 
     run(app, body)

@@ -29,12 +29,19 @@ from localfab.tui.backend import (
     ReplyContinued,
     ReplyFinished,
     StoredTurn,
+    ToolCallWriting,
     WindowShifted,
 )
 from localfab.tui.pacing import StreamingGC, cpu_share_for, max_interval_for
 from localfab.tui.reply_stream import InboxItem, ReplyFailed, ReplyStream, StreamEnd, Thought
 from localfab.tui.screens.chat_copy import CopyActions
-from localfab.tui.screens.chat_parts import ReplyJob, merge_continued, reply_footer, shown_index
+from localfab.tui.screens.chat_parts import (
+    ReplyJob,
+    merge_continued,
+    progress_note,
+    reply_footer,
+    shown_index,
+)
 from localfab.tui.screens.chat_sessions import SessionActions, SessionOpened
 from localfab.tui.screens.chat_thinking import ThinkingActions
 from localfab.tui.screens.chat_tools import ToolActions, ToolCommands
@@ -78,7 +85,7 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, C
         Binding("ctrl+end,end", "follow", "Follow", id="chat.follow", show=False),
         Binding("ctrl+l", "cancel_load", "Cancel load", id="chat.cancel_load", show=False),
         Binding("f3,alt+t", "toggle_thought", "Thought", id="chat.thought", show=False),
-        Binding("f6,alt+o", "tools", "Tools", id="chat.tools", show=False),
+        Binding("f5", "tools", "Tools", id="chat.tools", show=False),
     ]
 
     class InboxWoke(Message):
@@ -313,9 +320,9 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, C
                 await log.mount(divider, before=view)
             else:
                 await log.mount(divider)
-        elif isinstance(item, ReplyContinued):
+        elif isinstance(item, ReplyContinued | ToolCallWriting):
             if view is not None:
-                view.set_footer(f"continuing ({item.count}/{item.limit})…")
+                view.set_footer(progress_note(item))
         elif isinstance(item, ReplyFinished):
             await self._finished(item, view)
         elif isinstance(item, ReplyFailed):
@@ -351,7 +358,7 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, C
             self.notify(note, title="Note", timeout=8)
         await self.ask_about_calls(item, view)
 
-    def new_reply_view(self) -> MessageView:
+    def new_reply_view(self) -> MessageView:  # a reply to tool results
         return ChatMessage("assistant", status="generating")
 
     def _show_context(self) -> None:

@@ -10,9 +10,11 @@ from textual.screen import Screen
 
 from localfab.tui.backend import (
     ChatBackend,
+    ReplyContinued,
     ReplyEvent,
     ReplyFinished,
     StoredTurn,
+    ToolCallWriting,
 )
 from localfab.tui.widgets.messages import MessageView
 from localfab.units import format_ms as duration
@@ -129,3 +131,10 @@ class ChatHost(Screen[None]):
         window_start: int | None = None,
     ) -> None:
         raise NotImplementedError
+
+
+def progress_note(item: ReplyContinued | ToolCallWriting) -> str:
+    """What a streaming reply's footer says while it is continued or writes a tool call."""
+    if isinstance(item, ToolCallWriting):
+        return f"writing a call of {item.name} ({item.count})…"
+    return f"continuing ({item.count}/{item.limit})…"

@@ -13,11 +13,15 @@ from textual import on, work
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import VerticalScroll
 from textual.message import Message
+from textual.widgets import Input
 
 from localfab.tui.backend import ReplyFinished, ToolResultShown, UsesTools
 from localfab.tui.screens.chat_parts import ChatHost
 from localfab.tui.widgets.messages import MessageView
 from localfab.tui.widgets.tool_cards import ToolCallCard, ToolResultCard, ToolsScreen
+
+# The most calls of one reply that are asked about; the rest are denied, and the model is told.
+MAX_CALLS = 8
 
 
 @dataclass
@@ -97,8 +101,8 @@ class ToolActions(ChatHost):
     async def ask_about_calls(self, item: ReplyFinished, view: MessageView | None) -> None:
         """The reply made calls: a card for each, after the reply."""
         tools = self._tools()
-        if not item.tool_calls or tools is None:
-            return
+        if not item.tool_calls or tools is None or item.finish_reason == "cancelled":
+            return  # a reply the person stopped: its calls are not asked about
         self._rounds_this_message += 1
         limit = tools.tool_rounds()
         number = self._rounds_this_message
@@ -108,8 +112,11 @@ class ToolActions(ChatHost):
         log = self.query_one("#chat-log", VerticalScroll)
         await log.mount_all(cards)
         self._tool_round = ToolRound(cards, number)
-        for card in cards:
-            if tools.always_allowed(card.call.name):
+        for n, card in enumerate(cards):
+            if n >= MAX_CALLS:
+                card.query_one("#reason", Input).value = f"at most {MAX_CALLS} calls per reply"
+                card.action_decide("deny")
+            elif tools.always_allowed(card.call.name):
                 card.action_decide("always")
 
     def tools_after_reply(self) -> None:

@@ -147,6 +147,7 @@ class ToolsScreen(ModalScreen[list[str] | None]):
     """The MCP servers configured, their state and tools; pick the ones this chat uses."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel", id="tools.cancel")]
+    AUTO_FOCUS = "#tool-servers"
 
     def __init__(self, rows: list[ToolServerRow]) -> None:
         super().__init__(classes="dialog-screen")
