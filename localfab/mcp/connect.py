@@ -68,3 +68,55 @@ async def call_tool(
     """Call `tool`; returns its content blocks, structured content and whether it failed."""
     result = await client.call_tool(tool, arguments)
     return list(result.content), result.structured_content, bool(result.is_error)
+
+
+async def list_all_prompts(client: Client) -> list[tuple[str, str, tuple[tuple[str, bool], ...]]]:
+    """The server's prompts as (name, description, ((argument, required), ...)); none where the
+    server has no prompts."""
+    if client.server_capabilities.prompts is None:
+        return []
+    out = []
+    cursor: str | None = None
+    for _ in range(MAX_TOOL_PAGES):
+        page = await client.list_prompts(cursor=cursor)
+        for p in page.prompts:
+            args = tuple((a.name, bool(a.required)) for a in p.arguments or ())
+            out.append((p.name, p.description or p.title or "", args))
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return out
+
+
+async def list_all_resources(client: Client) -> list[tuple[str, str, str]]:
+    """The server's resources as (uri, name, description); none where it has none."""
+    if client.server_capabilities.resources is None:
+        return []
+    out = []
+    cursor: str | None = None
+    for _ in range(MAX_TOOL_PAGES):
+        page = await client.list_resources(cursor=cursor)
+        out += [(str(r.uri), r.name, r.description or r.title or "") for r in page.resources]
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return out
+
+
+async def prompt_text(client: Client, name: str, arguments: dict[str, str]) -> str:
+    """A prompt's messages as one text (each message's text; other content as a stand-in)."""
+    from localfab.mcp.results import result_text
+
+    result = await client.get_prompt(name, arguments)
+    return "\n\n".join(result_text([m.content], None) for m in result.messages)
+
+
+async def resource_text(client: Client, uri: str) -> str:
+    """A resource's contents as text (a binary one as a stand-in)."""
+    from localfab.mcp.results import result_text
+
+    result = await client.read_resource(uri)
+    blocks = [
+        {"type": "resource", "resource": c.model_dump(by_alias=True)} for c in result.contents
+    ]
+    return result_text(blocks, None)

@@ -70,6 +70,18 @@ class ToolInfo:
         }
 
 
+@dataclass(frozen=True)
+class ServerExtraInfo:
+    """A server's prompt (with its arguments: (name, required)) or resource (with its uri)."""
+
+    server: str
+    kind: str  # "prompt" or "resource"
+    name: str
+    description: str
+    uri: str = ""
+    arguments: tuple[tuple[str, bool], ...] = ()
+
+
 @dataclass
 class ServerState:
     """A server's state: off (not started), starting, ready, failed (with `error`), stopped."""
@@ -78,6 +90,7 @@ class ServerState:
     status: str = "off"
     error: str = ""
     tools: tuple[ToolInfo, ...] = ()
+    extras: tuple[ServerExtraInfo, ...] = ()  # its prompts and resources
     client: Any = None
     ready: threading.Event = field(default_factory=threading.Event)
     stop: asyncio.Event | None = None
@@ -182,6 +195,7 @@ class ToolServers:
                 state.tools = tuple(
                     ToolInfo(state.config.name, *t) for t in listed if not only or t[0] in only
                 )
+                state.extras = await _extras(state.config.name, client)
                 state.client, state.status = client, "ready"
                 state.ready.set()
                 await state.stop.wait()
@@ -258,6 +272,25 @@ class ToolServers:
                         kind="cancelled",
                     )
 
+    def fetch(self, extra: ServerExtraInfo, arguments: dict[str, str] | None = None) -> str:
+        """A prompt's text (with `arguments`) or a resource's contents; ToolServerError when
+        the server cannot give it."""
+        from localfab.mcp.connect import prompt_text, resource_text
+
+        state = self.start(extra.server)
+
+        async def get() -> str:
+            async with asyncio.timeout(state.config.timeout):
+                if extra.kind == "prompt":
+                    return await prompt_text(state.client, extra.name, arguments or {})
+                return await resource_text(state.client, extra.uri)
+
+        try:
+            return self._submit(get()).result()
+        except Exception as exc:  # noqa: BLE001 - said in one line
+            why = describe(exc)
+            raise ToolServerError(f"{extra.server} could not give {extra.name}: {why}") from None
+
     async def _call(
         self,
         state: ServerState,
@@ -295,6 +328,22 @@ class ToolServers:
 def _set(event: threading.Event) -> threading.Event:
     event.set()
     return event
+
+
+async def _extras(server: str, client: Any) -> tuple[ServerExtraInfo, ...]:
+    """A server's prompts and resources, as far as it lists them (a failure lists none: tools
+    are what a server is started for)."""
+    from localfab.mcp.connect import list_all_prompts, list_all_resources
+
+    out: list[ServerExtraInfo] = []
+    try:
+        for name, text, args in await list_all_prompts(client):
+            out.append(ServerExtraInfo(server, "prompt", name, text, arguments=args))
+        for uri, name, text in await list_all_resources(client):
+            out.append(ServerExtraInfo(server, "resource", name, text, uri=uri))
+    except Exception:  # noqa: BLE001 - optional parts of a server
+        return tuple(out)
+    return tuple(out)
 
 
 def describe(exc: BaseException) -> str:

@@ -236,6 +236,18 @@ class ToolServerRow:
     in_use: bool = False  # this chat offers its tools to the model
 
 
+@dataclass(frozen=True)
+class ServerExtra:
+    """A prompt or resource of a server in use, as the palette offers it."""
+
+    server: str
+    kind: str  # "prompt" (its text goes in the prompt box) or "resource" (attached)
+    name: str
+    description: str = ""
+    uri: str = ""
+    arguments: tuple[tuple[str, bool], ...] = ()  # a prompt's: (name, required)
+
+
 @runtime_checkable
 class UsesTools(Protocol):
     """A backend whose chat can call tools from MCP servers. Every method but `tool_servers`
@@ -263,4 +275,12 @@ class UsesTools(Protocol):
 
     def follow_up(self, *, last_round: bool, cancel: threading.Event) -> Iterator[ReplyEvent]:
         """The model's reply to the results (`last_round`: it may call no more tools)."""
+        ...
+
+    def server_extras(self) -> list[ServerExtra]:
+        """The prompts and resources of the servers this chat uses."""
+        ...
+
+    def fetch_extra(self, extra: ServerExtra, arguments: dict[str, str]) -> str:
+        """A prompt's text or a resource's contents (LocalfabError with why, if not)."""
         ...

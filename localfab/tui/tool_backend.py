@@ -12,7 +12,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from localfab.tui.backend import ReplyEvent, ToolCallShown, ToolResultShown, ToolServerRow
+from localfab.tui.backend import (
+    ReplyEvent,
+    ServerExtra,
+    ToolCallShown,
+    ToolResultShown,
+    ToolServerRow,
+)
 from localfab.tui.engine_thread import EngineThread, on_engine, streamed_on_engine
 
 if TYPE_CHECKING:
@@ -152,6 +158,27 @@ class ToolUse:
         options = self._reply_options(cancel)
         self._offer_tools(chat, last_round=last_round)
         yield from self._events(chat.follow_up(options))
+
+    def server_extras(self) -> list[ServerExtra]:
+        if self.servers is None:
+            return []
+        in_use = self._servers_in_use()
+        return [
+            ServerExtra(e.server, e.kind, e.name, e.description, e.uri, e.arguments)
+            for s in self.servers.states()
+            if s.config.name in in_use
+            for e in s.extras
+        ]
+
+    def fetch_extra(self, extra: ServerExtra, arguments: dict[str, str]) -> str:
+        from localfab.mcp.servers import ServerExtraInfo, ToolServerError
+
+        if self.servers is None:
+            raise ToolServerError("no MCP server is configured")
+        info = ServerExtraInfo(
+            extra.server, extra.kind, extra.name, extra.description, extra.uri, extra.arguments
+        )
+        return self.servers.fetch(info, arguments)
 
     def close_tools(self) -> None:
         """Stop every server (the app quits): no process outlives it."""

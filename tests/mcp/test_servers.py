@@ -179,3 +179,14 @@ def test_only_the_listed_tools_are_offered(tmp_path: Path) -> None:
         assert [t.name for t in servers.tools()] == ["add", "echo"]
     finally:
         servers.close()
+
+
+def test_prompts_and_resources_are_listed_and_fetched(stdio_servers: ToolServers) -> None:
+    extras = {e.name: e for e in stdio_servers.start("box").extras}
+    review, today = extras["review"], extras["today"]
+    assert review.kind == "prompt" and review.arguments == (("code", True),)
+    assert today.kind == "resource" and today.uri == "notes://today"
+    assert stdio_servers.fetch(review, {"code": "x = 1"}) == "Please review this code:\nx = 1"
+    assert stdio_servers.fetch(today).endswith("buy milk")
+    with pytest.raises(ToolServerError, match="could not give review"):
+        stdio_servers.fetch(review, {})  # a required argument missing

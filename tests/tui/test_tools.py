@@ -18,6 +18,8 @@ from localfab.mcp.servers import ToolServers
 from localfab.tui.app import LocalfabApp
 from localfab.tui.local_backend import LocalBackend
 from localfab.tui.widgets.messages import MessageView
+from localfab.tui.widgets.prompt import PromptBox
+from localfab.tui.widgets.prompt_args import PromptArgsScreen
 from localfab.tui.widgets.status import StatusBar
 from localfab.tui.widgets.tool_cards import ToolCallCard, ToolResultCard, ToolsScreen
 from tests.fake_engine import FakeEngine
@@ -31,6 +33,7 @@ CALLS = {
     "slow": {"name": "box__slow", "arguments": {"seconds": 30}},
     "ansi": {"name": "box__ansi", "arguments": {}},
     "big": {"name": "box__big", "arguments": {"n": 1_000_000}},
+    "crash": {"name": "box__crash", "arguments": {}},
 }
 ANSWER = "The tool said so."
 
@@ -329,5 +332,51 @@ def test_a_reply_with_too_many_calls_asks_about_eight(tmp_path: Path, call_log: 
         shown = cards(app, ToolCallCard)
         assert [c.choice for c in shown] == [None] * 8 + ["deny", "deny"]
         assert shown[9].reason == "at most 8 calls per reply"
+
+    run(app, body)
+
+
+def test_a_servers_prompt_and_resource_go_in_the_prompt_box(tmp_path: Path, call_log: Path) -> None:
+    app, backend = tool_app(tmp_path, call_log)
+
+    async def body(pilot: Pilot[None]) -> None:
+        await tools_on(pilot, app)
+        extras = {e.name: e for e in backend.server_extras()}
+        app.chat.use_extra(extras["today"])
+        box = app.chat.query_one(PromptBox)
+        await wait_for(pilot, lambda: "buy milk" in box.text)
+        assert box.text.startswith("[today: notes://today]\n```\n")
+        box.load_text("")
+        app.chat.use_extra(extras["review"])  # it has an argument: asked for first
+        await wait_for(pilot, lambda: isinstance(app.screen, PromptArgsScreen))
+        await pilot.press(*"x = 1", "enter")
+        await wait_for(pilot, lambda: "Please review" in box.text)
+        assert box.text == "Please review this code:\nx = 1"
+
+    run(app, body)
+
+
+def test_a_crash_and_a_timeout_are_cards_and_the_chat_goes_on(
+    tmp_path: Path, call_log: Path
+) -> None:
+    app, backend = tool_app(tmp_path, call_log)
+    backend.servers = ToolServers(
+        (stdio_config(log=call_log, timeout=1),), log_file=tmp_path / "mcp.log"
+    )
+
+    async def body(pilot: Pilot[None]) -> None:
+        await tools_on(pilot, app)
+        await send(pilot, app, "please call crash")
+        await decided_and_answered(pilot, app, "y")
+        await wait_for(pilot, lambda: app.chat.replies_finished >= 2, seconds=30)
+        await finished(pilot, app)
+        await send(pilot, app, "please call slow")
+        await decided_and_answered(pilot, app, "y")
+        await wait_for(pilot, lambda: app.chat.replies_finished >= 4, seconds=30)
+        await finished(pilot, app)
+        crashed, timed_out = (c.result for c in cards(app, ToolResultCard))
+        assert crashed.kind == "crashed" and "exited during the call" in crashed.text
+        assert timed_out.kind == "timeout" and "within 1 s" in timed_out.text
+        assert stored_roles(app)[-1] == ("assistant", ANSWER)
 
     run(app, body)

@@ -7,7 +7,9 @@ model, which goes on, for at most `tool_rounds` rounds per message.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from textual import on, work
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -15,9 +17,13 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Input
 
-from localfab.tui.backend import ReplyFinished, ToolResultShown, UsesTools
+from localfab.errors import LocalfabError
+from localfab.textsafe import visible_controls
+from localfab.tui.backend import ReplyFinished, ServerExtra, ToolResultShown, UsesTools
 from localfab.tui.screens.chat_parts import ChatHost
 from localfab.tui.widgets.messages import MessageView
+from localfab.tui.widgets.prompt import PromptBox
+from localfab.tui.widgets.prompt_args import PromptArgsScreen
 from localfab.tui.widgets.tool_cards import ToolCallCard, ToolResultCard, ToolsScreen
 
 # The most calls of one reply that are asked about; the rest are denied, and the model is told.
@@ -59,6 +65,42 @@ class ToolActions(ChatHost):
     def _tools(self) -> UsesTools | None:
         backend = self.backend
         return backend if isinstance(backend, UsesTools) else None
+
+    def tools_backend(self) -> UsesTools | None:
+        """The backend, where it can call tools (None otherwise)."""
+        return self._tools()
+
+    # --- prompts and resources ----------------------------------------------------------------
+
+    def use_extra(self, extra: ServerExtra) -> None:
+        """A server's prompt (its arguments asked first) into the prompt box, or a resource
+        attached to the message being written."""
+        if extra.kind == "prompt" and extra.arguments:
+            self.app.push_screen(PromptArgsScreen(extra), partial(self._arguments_given, extra))
+            return
+        self._fetch_extra(extra, {})
+
+    def _arguments_given(self, extra: ServerExtra, values: dict[str, str] | None) -> None:
+        if values is not None:
+            self._fetch_extra(extra, values)
+
+    @work(thread=True, group="tool-extras", exit_on_error=False)
+    def _fetch_extra(self, extra: ServerExtra, arguments: dict[str, str]) -> None:
+        tools = self._tools()
+        assert tools is not None
+        try:
+            text = tools.fetch_extra(extra, arguments)
+        except LocalfabError as exc:
+            self.app.call_from_thread(self.notify, str(exc), title="Tools", severity="error")
+            return
+        if extra.kind == "resource":
+            text = f"[{extra.name}: {extra.uri}]\n```\n{text}\n```\n"
+        self.app.call_from_thread(self._insert, text)
+
+    def _insert(self, text: str) -> None:
+        box = self.query_one(PromptBox)
+        box.insert(text)
+        box.focus()
 
     # --- servers for this chat ----------------------------------------------------------------
 
@@ -209,24 +251,39 @@ class ToolActions(ChatHost):
 
 
 class ToolCommands(Provider):
-    """The command palette's entry for tools."""
+    """The command palette's entries for tools: the servers, and the prompts and resources of
+    the servers a chat uses (a prompt's text goes in the prompt box; a resource is attached)."""
+
+    def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
+        screen = self.screen
+        if not isinstance(screen, ToolActions):
+            return []
+        out: list[tuple[str, str, Callable[[], object]]] = [
+            (
+                "Tools: MCP servers for this chat",
+                "Pick the MCP servers whose tools the model may call (each call is asked)",
+                screen.action_tools,
+            )
+        ]
+        tools = screen.tools_backend()
+        for extra in tools.server_extras() if tools is not None else []:
+            verb = "Prompt" if extra.kind == "prompt" else "Attach"
+            name = visible_controls(f"{verb}: {extra.server}/{extra.name}")
+            out.append(
+                (name, visible_controls(extra.description), partial(screen.use_extra, extra))
+            )
+        return out
 
     async def search(self, query: str) -> Hits:
-        screen = self.screen
-        if isinstance(screen, ToolActions):
-            name = "Tools: MCP servers for this chat"
-            score = self.matcher(query).match(name)
+        matcher = self.matcher(query)
+        for name, help_text, callback in self._commands():
+            score = matcher.match(name)
             if score > 0:
-                yield Hit(score, self.matcher(query).highlight(name), screen.action_tools)
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
 
     async def discover(self) -> Hits:
-        screen = self.screen
-        if isinstance(screen, ToolActions):
-            yield DiscoveryHit(
-                "Tools: MCP servers for this chat",
-                screen.action_tools,
-                help="Pick the MCP servers whose tools the model may call (each call is asked)",
-            )
+        for name, help_text, callback in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
 
 
 def _denied(reason: str, *, stopped: bool) -> ToolResultShown:

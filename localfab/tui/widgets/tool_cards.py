@@ -174,7 +174,9 @@ class ToolsScreen(ModalScreen[list[str] | None]):
     @staticmethod
     def _line(row: ToolServerRow) -> Content:
         state = row.status + (f": {row.error}" if row.error else "")
-        tools = f" · {len(row.tools)} tools" if row.tools else ""
+        names = ", ".join(row.tools)
+        names = names if len(names) <= 40 else names[:39] + "…"
+        tools = f" · {len(row.tools)} tools: {names}" if row.tools else ""
         return Content(visible_controls(f"{row.name}  ({state}{tools})  {row.target}"))
 
     @on(Button.Pressed)
