@@ -228,7 +228,7 @@ def tool_servers(config: Config, paths: Paths) -> dict[str, Any]:
         servers = configured_servers(config, paths)
     except UsageError as exc:
         logging.getLogger("localfab.tui").warning("MCP servers left out: %s", exc)
-        return {}
+        return {"tools_problem": str(exc)}
     if not servers:
         return {}
     # stdio servers' stderr goes to a file: written on the screen, it would garble it.

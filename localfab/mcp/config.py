@@ -41,7 +41,7 @@ class ServerConfig:
     name: str
     command: str = ""
     args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     cwd: str = ""
     url: str = ""
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)

@@ -255,6 +255,11 @@ class UsesTools(Protocol):
 
     def tool_servers(self) -> list[ToolServerRow]: ...
 
+    @property
+    def tools_problem(self) -> str:
+        """Why the configured servers could not be read ("" when they could)."""
+        ...
+
     def use_servers(self, names: list[str]) -> list[ToolServerRow]:
         """Offer the named servers' tools to this chat (starting them); [] turns tools off."""
         ...

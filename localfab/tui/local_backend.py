@@ -127,6 +127,7 @@ class LocalBackend(ToolUse):
     servers: ToolServers | None = None
     approvals: Approvals | None = None
     max_tool_rounds: int = DEFAULT_TOOL_ROUNDS
+    tools_problem: str = ""  # why the config's MCP servers could not be read ("": none)
     _tool_request: ToolRequest | None = None
 
     @on_engine

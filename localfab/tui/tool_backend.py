@@ -41,6 +41,7 @@ class ToolUse:
     servers: ToolServers | None
     approvals: Approvals | None
     max_tool_rounds: int
+    tools_problem: str
     options: Any  # LocalBackend's ChatOptions (tool_choice)
     engine_thread: EngineThread
     _tool_request: ToolRequest | None

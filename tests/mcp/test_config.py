@@ -72,6 +72,7 @@ def test_claude_json_read_as_is(tmp_path: Path) -> None:
     assert search.transport == "http"
     assert search.expanded_headers({"K": "k"}) == {"Authorization": "Bearer k"}
     assert "Bearer" not in repr(search)  # headers stay out of reprs (and so out of logs)
+    assert "GITHUB_TOKEN" not in repr(files)  # and env
 
 
 def test_vscode_servers_and_bad_files(tmp_path: Path) -> None:

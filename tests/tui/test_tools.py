@@ -380,3 +380,24 @@ def test_a_crash_and_a_timeout_are_cards_and_the_chat_goes_on(
         assert stored_roles(app)[-1] == ("assistant", ANSWER)
 
     run(app, body)
+
+
+def test_a_mistake_in_the_mcp_config_is_told_in_the_tools_screen(tmp_path: Path) -> None:
+    from localfab.commands.chat import tool_servers
+    from localfab.config import Config, default_paths
+
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
+    config = Config(mcp=(("servers", {"bad name": {"command": "x"}}),))
+    problem = tool_servers(config, paths)["tools_problem"]
+    assert "a name is 1 to 48 letters" in problem
+    app, backend = tool_app(tmp_path, tmp_path / "calls.log")
+    backend.servers, backend.tools_problem = None, problem
+
+    async def body(pilot: Pilot[None]) -> None:
+        await loaded(pilot, app)
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolsScreen))
+        shown = str(app.screen.query_one(".dialog-body").render())
+        assert "a name is 1 to 48 letters" in shown
+
+    run(app, body)

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
 from localfab.tui.backend import (
@@ -138,3 +139,21 @@ def progress_note(item: ReplyContinued | ToolCallWriting) -> str:
     if isinstance(item, ToolCallWriting):
         return f"writing a call of {item.name} ({item.count})…"
     return f"continuing ({item.count}/{item.limit})…"
+
+
+class ListedCommands(Provider):
+    """A command palette provider over a list of (name, help, callback) from `_commands`."""
+
+    def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
+        raise NotImplementedError
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text, callback in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+
+    async def discover(self) -> Hits:
+        for name, help_text, callback in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)

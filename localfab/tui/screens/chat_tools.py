@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from textual import on, work
-from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Input
@@ -20,7 +19,7 @@ from textual.widgets import Input
 from localfab.errors import LocalfabError
 from localfab.textsafe import visible_controls
 from localfab.tui.backend import ReplyFinished, ServerExtra, ToolResultShown, UsesTools
-from localfab.tui.screens.chat_parts import ChatHost
+from localfab.tui.screens.chat_parts import ChatHost, ListedCommands
 from localfab.tui.widgets.messages import MessageView
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.prompt_args import PromptArgsScreen
@@ -110,7 +109,8 @@ class ToolActions(ChatHost):
         if tools is None:
             self.notify("This model's backend cannot call tools.", severity="warning")
             return
-        self.app.push_screen(ToolsScreen(tools.tool_servers()), self._servers_picked)
+        screen = ToolsScreen(tools.tool_servers(), problem=tools.tools_problem)
+        self.app.push_screen(screen, self._servers_picked)
 
     def _servers_picked(self, names: list[str] | None) -> None:
         if names is not None:
@@ -250,7 +250,7 @@ class ToolActions(ChatHost):
         return True
 
 
-class ToolCommands(Provider):
+class ToolCommands(ListedCommands):
     """The command palette's entries for tools: the servers, and the prompts and resources of
     the servers a chat uses (a prompt's text goes in the prompt box; a resource is attached)."""
 
@@ -273,17 +273,6 @@ class ToolCommands(Provider):
                 (name, visible_controls(extra.description), partial(screen.use_extra, extra))
             )
         return out
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for name, help_text, callback in self._commands():
-            score = matcher.match(name)
-            if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
-
-    async def discover(self) -> Hits:
-        for name, help_text, callback in self._commands():
-            yield DiscoveryHit(name, callback, help=help_text)
 
 
 def _denied(reason: str, *, stopped: bool) -> ToolResultShown:

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual import work
-from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import VerticalScroll
 from textual.message import Message
 
 from localfab.errors import LocalfabError
 from localfab.tui.backend import ReportsWindow, StoredTurn
-from localfab.tui.screens.chat_parts import ChatHost
+from localfab.tui.screens.chat_parts import ChatHost, ListedCommands
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.versions import ChatMessage
 
@@ -250,7 +249,7 @@ class VersionActions(ChatHost):
             self.query_one(PromptBox).focus()
 
 
-class VersionCommands(Provider):
+class VersionCommands(ListedCommands):
     """The command palette's entries for message versions."""
 
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
@@ -280,14 +279,3 @@ class VersionCommands(Provider):
                 screen.action_focus_messages,
             ),  # fmt: skip
         ]
-
-    async def discover(self) -> Hits:
-        for name, help_text, callback in self._commands():
-            yield DiscoveryHit(name, callback, help=help_text)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for name, help_text, callback in self._commands():
-            score = matcher.match(name)
-            if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)

@@ -149,20 +149,20 @@ class ToolsScreen(ModalScreen[list[str] | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel", id="tools.cancel")]
     AUTO_FOCUS = "#tool-servers"
 
-    def __init__(self, rows: list[ToolServerRow]) -> None:
+    def __init__(self, rows: list[ToolServerRow], *, problem: str = "") -> None:
         super().__init__(classes="dialog-screen")
         self.rows = rows
+        self.problem = problem  # why the config's servers could not be read
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog tools-dialog"):
             yield Label("Tools for this chat (MCP servers)", classes="dialog-title")
             if not self.rows:
-                yield Static(
+                why = self.problem or (
                     "No MCP servers are configured. Add [mcp.servers.NAME] to config.toml, or "
-                    "import Claude Desktop's file: localfab mcp import FILE",
-                    classes="dialog-body",
-                    markup=False,
+                    "import Claude Desktop's file: localfab mcp import FILE"
                 )
+                yield Static(visible_controls(why), classes="dialog-body", markup=False)
             else:
                 yield SelectionList[str](
                     *[(self._line(r), r.name, r.in_use) for r in self.rows], id="tool-servers"
