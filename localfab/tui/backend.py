@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from localfab.errors import LoadCancelled
+from localfab.mcp.servers import ServerExtraInfo as ServerExtra  # a server's prompt or resource
 
-__all__ = ["LoadCancelled"]  # the user cancelled a model load: re-exported for the app
+# Re-exported for the app: a cancelled model load, and a server's prompt or resource.
+__all__ = ["LoadCancelled", "ServerExtra"]
 
 if TYPE_CHECKING:
     pass
@@ -234,18 +236,6 @@ class ToolServerRow:
     error: str = ""
     tools: tuple[str, ...] = ()  # its tools' names, once started
     in_use: bool = False  # this chat offers its tools to the model
-
-
-@dataclass(frozen=True)
-class ServerExtra:
-    """A prompt or resource of a server in use, as the palette offers it."""
-
-    server: str
-    kind: str  # "prompt" (its text goes in the prompt box) or "resource" (attached)
-    name: str
-    description: str = ""
-    uri: str = ""
-    arguments: tuple[tuple[str, bool], ...] = ()  # a prompt's: (name, required)
 
 
 @runtime_checkable

@@ -164,22 +164,14 @@ class ToolUse:
         if self.servers is None:
             return []
         in_use = self._servers_in_use()
-        return [
-            ServerExtra(e.server, e.kind, e.name, e.description, e.uri, e.arguments)
-            for s in self.servers.states()
-            if s.config.name in in_use
-            for e in s.extras
-        ]
+        return [e for s in self.servers.states() if s.config.name in in_use for e in s.extras]
 
     def fetch_extra(self, extra: ServerExtra, arguments: dict[str, str]) -> str:
-        from localfab.mcp.servers import ServerExtraInfo, ToolServerError
+        from localfab.mcp.servers import ToolServerError
 
         if self.servers is None:
             raise ToolServerError("no MCP server is configured")
-        info = ServerExtraInfo(
-            extra.server, extra.kind, extra.name, extra.description, extra.uri, extra.arguments
-        )
-        return self.servers.fetch(info, arguments)
+        return self.servers.fetch(extra, arguments)
 
     def close_tools(self) -> None:
         """Stop every server (the app quits): no process outlives it."""
