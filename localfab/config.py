@@ -175,6 +175,16 @@ class Config:
         },
     )
 
+    remotes: tuple[tuple[str, Any], ...] = field(
+        default=(),
+        metadata={
+            "doc": "remote model servers for `localfab chat --remote NAME` and `run --remote "
+            "NAME`, from [remotes.NAME] tables of config.toml: url, api_key_env (the "
+            "environment variable holding its key; keys are never stored here), model, "
+            "timeout; not settable from the environment"
+        },
+    )
+
     @classmethod
     def load(cls, paths: Paths, env: Mapping[str, str] | None = None) -> Config:
         """Read config.toml (if any) and apply environment overrides.
@@ -198,6 +208,9 @@ class Config:
         mcp = values.pop("mcp", {})
         if not isinstance(mcp, dict):
             raise UsageError(f"{paths.config_file}: mcp must be a table ([mcp.servers.NAME])")
+        remotes = values.pop("remotes", {})
+        if not isinstance(remotes, dict):
+            raise UsageError(f"{paths.config_file}: remotes must be tables ([remotes.NAME])")
         known = {f.name: f for f in fields(cls) if f.name not in _TABLES}
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -218,7 +231,12 @@ class Config:
             _check_range(name, value, where)
             converted[name] = value
         return replace(
-            config, keys=keys, speculative=speculative, mcp=tuple(mcp.items()), **converted
+            config,
+            keys=keys,
+            speculative=speculative,
+            mcp=tuple(mcp.items()),
+            remotes=tuple(remotes.items()),
+            **converted,
         )
 
 
@@ -249,7 +267,7 @@ def parse_keys(raw: Any, *, where: str = "config.toml") -> tuple[tuple[str, str]
 
 
 # Settings that are tables of config.toml rather than single values.
-_TABLES = ("keys", "speculative", "mcp")
+_TABLES = ("keys", "speculative", "mcp", "remotes")
 # The [speculative] table: each key's type and allowed range (None: any value of the type).
 SPECULATIVE_KEYS: dict[str, tuple[type, tuple[float, float] | None]] = {
     "spec_type": (str, None),

@@ -82,11 +82,19 @@ class HealthWatch:
 class ServerProcess:
     """A running `localfab serve` child; `stop()` ends it and returns its stderr."""
 
-    def __init__(self, model: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        program: Path | None = None,
+    ) -> None:
+        """`program`: another server taking llama-server's -m and --port (llama-server)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        command = [str(program)] if program is not None else [str(LOCALFAB), "serve"]
         self.proc = subprocess.Popen(
-            [str(LOCALFAB), "serve", "-m", str(model), "--port", str(self.port), *args],
+            [*command, "-m", str(model), "--port", str(self.port), *args],
             env=env if env is not None else dict(os.environ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

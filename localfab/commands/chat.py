@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,9 @@ if TYPE_CHECKING:
     from localfab.config import Config, Paths
     from localfab.gguf.facts import ModelFacts
     from localfab.plan import Wishes
+    from localfab.remote.client import Remote
     from localfab.tui.app import LocalfabApp
-    from localfab.tui.local_backend import ChatOptions
+    from localfab.tui.local_backend import ChatOptions, LocalBackend
 
 
 def last_used_model() -> str | None:
@@ -99,13 +101,14 @@ def open_app(
     ctx_size: int | None = None,
     theme: str | None = None,
     template_file: Path | None = None,
+    remote: Remote | None = None,
 ) -> None:
     """Build the app for MODEL (or a saved session) and run it until the user quits
-    (`template_file`: a chat template used instead of each model's own)."""
+    (`template_file`: a chat template used instead of each model's own; `remote`: chat with
+    the model a server serves instead of loading one here)."""
     from localfab.config import default_paths
     from localfab.store import Store
     from localfab.tui.app import AppDeps, make_app
-    from localfab.tui.local_backend import LocalBackend, model_loader
     from localfab.tui.models import LocalModels
 
     paths = default_paths()
@@ -114,15 +117,14 @@ def open_app(
     model = saved_chat_model(history, session_id, model)
     session_id = None if new else session_id
 
-    def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
-        # The settings screen may have saved new settings since the app started.
-        now = app.config if app is not None else config
-        loader = model_loader(
-            name, paths, now, ctx_size=ctx_size, wishes=wishes, template_file=template_file
-        )
-        ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None  # figures, if on
-        tools = tool_servers(now, paths)  # the config's MCP servers
-        return LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger, **tools)
+    backend_for = backend_factory(
+        paths,
+        history,
+        lambda: app.config if app is not None else config,
+        ctx_size=ctx_size,
+        template_file=template_file,
+        remote=remote,
+    )
 
     def facts_for(name: str) -> ModelFacts:
         from localfab.gguf.facts import read_facts  # loaded when the fit screen opens
@@ -130,7 +132,7 @@ def open_app(
         return read_facts(Store(paths).resolve(name))
 
     app: LocalfabApp | None = None
-    backend = backend_for(model) if model else None
+    backend = backend_for(model or "") if model or remote else None
     app = make_app(
         AppDeps(
             models=LocalModels(paths),
@@ -141,7 +143,7 @@ def open_app(
             notices=tuple(p for p in (config_problem, problem) if p),
             backend=backend,
             history=history,
-            model_name=model,
+            model_name=model if remote is None else remote_label(remote),
             session_id=session_id,
             system=system,
             theme=theme or config.theme or None,
@@ -150,6 +152,41 @@ def open_app(
         )
     )
     run_app(app, history)
+
+
+def backend_factory(
+    paths: Paths,
+    history: History,
+    current: Callable[[], Config],
+    *,
+    ctx_size: int | None,
+    template_file: Path | None,
+    remote: Remote | None,
+) -> Callable[..., LocalBackend]:
+    """What makes the app's backend for a model name (and the fit screen's wishes), with the
+    settings as they are then (`current`: the settings screen may have saved new ones)."""
+    from localfab.tui.local_backend import LocalBackend, model_loader
+
+    def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
+        now = current()
+        tools = tool_servers(now, paths)  # the config's MCP servers
+        if remote is not None:  # every chat of the app runs on the server
+            from localfab.tui.remote_backend import remote_loader
+
+            on = remote_loader(remote)
+            return LocalBackend(on, history, remote_label(remote), chat_options(now), **tools)
+        loader = model_loader(
+            name, paths, now, ctx_size=ctx_size, wishes=wishes, template_file=template_file
+        )
+        ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None  # figures, if on
+        return LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger, **tools)
+
+    return backend_for
+
+
+def remote_label(remote: Remote) -> str:
+    """How a chat on a remote is stored and shown: its model at the server."""
+    return f"{remote.model}@{remote.label}" if remote.model else remote.label
 
 
 def chat_options(config: Config) -> ChatOptions:
@@ -187,6 +224,17 @@ def exit_with(return_code: int | None) -> None:
 @click.option("-c", "--ctx-size", type=int, default=None, help="Context window in tokens.")
 @click.option("--theme", help="Theme name (localfab-dark, localfab-light, ...).")
 @template_file_option(exists=True)
+@click.option(
+    "--remote",
+    metavar="URL|NAME",
+    help="Chat with a model served elsewhere: a llama-server or `localfab serve` URL, or a "
+    "[remotes.NAME] of config.toml; MODEL is then the server's model name.",
+)
+@click.option(
+    "--api-key-env",
+    metavar="NAME",
+    help="With --remote: the environment variable that holds the server's API key.",
+)
 def chat(
     model: str | None,
     session_id: int | None,
@@ -195,11 +243,14 @@ def chat(
     ctx_size: int | None,
     theme: str | None,
     chat_template_file: Path | None,
+    remote: str | None,
+    api_key_env: str | None,
 ) -> None:
     """Chat with MODEL in the terminal app (a registered name, a .gguf path or smollm2:135m).
 
     With --session ID the saved chat is resumed on its own model unless MODEL is given.
     """
+    where = remote_from_options(remote, model, api_key_env, ctx_size, chat_template_file)
     if session_id is not None and new:
         raise UsageError("--session and --new cannot be used together")
     if ctx_size is not None and ctx_size < 16:
@@ -212,7 +263,32 @@ def chat(
         ctx_size=ctx_size,
         theme=theme,
         template_file=chat_template_file,
+        remote=where,
     )
+
+
+def remote_from_options(
+    spec: str | None,
+    model: str | None,
+    api_key_env: str | None,
+    ctx_size: int | None,
+    template_file: Path | None,
+) -> Remote | None:
+    """The remote --remote names (None: none), checked against the options that only apply to
+    a model loaded here."""
+    if spec is None:
+        if api_key_env is not None:
+            raise UsageError("--api-key-env goes with --remote URL")
+        return None
+    if ctx_size is not None:
+        raise UsageError("-c/--ctx-size sets a local model's window; a remote server has its own")
+    if template_file is not None:
+        raise UsageError("--chat-template-file applies to a local model; a remote uses its own")
+    from localfab.config import Config, default_paths
+    from localfab.remote.named import resolve_remote
+
+    config = Config.load(default_paths())
+    return resolve_remote(spec, config, model=model, api_key_env=api_key_env)
 
 
 def tool_servers(config: Config, paths: Paths) -> dict[str, Any]:

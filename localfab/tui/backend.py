@@ -45,6 +45,7 @@ class ModelCard:
     plan: tuple[str, ...] = ()
     notices: tuple[str, ...] = ()
     threads: int = 0  # the engine's decode threads (0: not known)
+    remote: str = ""  # the server it runs on, by name or URL ("": this machine)
 
 
 @dataclass(frozen=True)

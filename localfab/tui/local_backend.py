@@ -61,6 +61,9 @@ class ChatModel:
     # One-line notes of the prompt cache (a state file discarded, a full disk), shown with the
     # next reply; the loader's cache appends, the backend empties it.
     notes: list[str] = field(default_factory=list)
+    # The remote server it runs on ("": this machine); its replies' energy is not this
+    # machine's to measure, and the usage ledger records this machine's work only.
+    remote: str = ""
 
 
 Loader = Callable[[ProgressCallback, threading.Event], ChatModel]
@@ -140,6 +143,9 @@ class LocalBackend(ToolUse):
         from localfab.ledger.writer import Ledger, LedgerWriter, ReplyRecorder
         from localfab.machine.energy import EnergyMeter
 
+        if loaded.remote:
+            self._recorder = None
+            return loaded.info
         if self.ledger is None and self.ledger_file is not None:
             self.ledger = LedgerWriter(Ledger(self.ledger_file))
 

@@ -185,7 +185,9 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, C
         info = event.info
         self.pacer.cpu_share = share = cpu_share_for(info.threads, os.cpu_count())
         self.pacer.max_interval = max_interval_for(share)
-        self.query_one(StatusBar).show_model(info.name, info.gpu_layers, info.total_layers)
+        self.query_one(StatusBar).show_model(
+            info.name, info.gpu_layers, info.total_layers, info.remote
+        )
         await self._show_turns(event.turns, window_start=event.window_start)
         self.query_one(PromptBox).focus()
         for notice in info.notices:

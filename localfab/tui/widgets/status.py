@@ -32,6 +32,7 @@ def gauge(used: int, total: int, cells: int = GAUGE_CELLS) -> str:
 
 
 NARROW = 96  # below this width the gauge and the sparkline shrink
+REMOTE_CELLS = 24  # a remote server's name or URL is cut to this width
 
 
 class StatusBar(Horizontal):
@@ -60,8 +61,16 @@ class StatusBar(Horizontal):
         yield Sparkline([], id="status-spark")
         yield Label("— J/tok", id="status-energy")
 
-    def show_model(self, name: str, gpu_layers: int | None, total_layers: int | None) -> None:
+    def show_model(
+        self, name: str, gpu_layers: int | None, total_layers: int | None, remote: str = ""
+    ) -> None:
+        """The model's name, and where it runs: its layers on this machine's GPU, or the
+        remote server's name (`remote`)."""
         self._put("status-model", name)
+        if remote:
+            where = remote if cell_len(remote) <= REMOTE_CELLS else remote[: REMOTE_CELLS - 1] + "…"
+            self._put("status-gpu", f"@ {where}")
+            return
         self._put("status-gpu", "" if total_layers is None else f"GPU {gpu_layers}/{total_layers}")
 
     def on_resize(self) -> None:

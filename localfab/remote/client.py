@@ -1,0 +1,283 @@
+"""HTTP to a remote model server, and what each way of failing means to the person.
+
+Every request goes through `RemoteClient`: JSON calls (`get`, `post`) and server-sent event
+streams (`events`). A refused connection, a timeout, an HTTP error status, a stream that stops
+before its end or a line that is not JSON all become a `RemoteError` whose message says what
+happened and what to do. API keys come from the environment (named by `api_key_env`), never
+from a file; TLS certificates are verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from localfab.errors import LocalfabError
+
+# Seconds to connect, and the longest wait for the next bytes of an answer (a prompt of
+# thousands of tokens on a busy server can take minutes before its first token).
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 300.0
+
+
+class RemoteError(LocalfabError):
+    """A remote server could not answer; the message says why and what to do.
+    `status`: the HTTP status (0: none came); `dropped`: a stream ended before its end."""
+
+    def __init__(self, message: str, *, status: int = 0, dropped: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.dropped = dropped
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a remote server is: its base URL (without `/v1`), a name to show, the model to
+    ask for ("": the server's own), the environment variable that holds its API key."""
+
+    url: str
+    name: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    timeout: float = READ_TIMEOUT
+
+    @property
+    def label(self) -> str:
+        return self.name or self.url
+
+    def api_key(self) -> str | None:
+        """The key from the environment; a named variable that is unset is an error."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env, "")
+        if not key:
+            raise RemoteError(
+                f"the environment variable {self.api_key_env} holds no API key for "
+                f"{self.label}: export it (export {self.api_key_env}=...) and start again"
+            )
+        return key
+
+
+def base_url(url: str) -> str:
+    """A server's URL as given (`http://host:8080`, `.../v1`, `.../v1/`) without `/v1`."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return url.removesuffix("/v1")
+
+
+@dataclass
+class RemoteClient:
+    """Requests to one remote server (see the module's docstring)."""
+
+    remote: Remote
+    _http: httpx2.Client | None = field(default=None, repr=False)
+
+    @property
+    def http(self) -> httpx2.Client:
+        if self._http is None:
+            headers = {"User-Agent": "localfab"}
+            key = self.remote.api_key()
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            timeout = httpx2.Timeout(self.remote.timeout, connect=CONNECT_TIMEOUT)
+            self._http = httpx2.Client(
+                base_url=base_url(self.remote.url), headers=headers, timeout=timeout
+            )
+        return self._http
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    def get(self, path: str) -> Any:
+        return self._json("GET", path, None)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._json("POST", path, body)
+
+    def _json(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        try:
+            response = self.http.request(method, path, json=body)
+        except httpx2.HTTPError as exc:
+            raise self._unreachable(exc, path) from exc
+        if response.status_code >= 400:
+            raise status_error(self.remote, path, response.status_code, response.text, response)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise RemoteError(
+                f"{self.remote.label} answered {path} with something that is not JSON "
+                f"({response.text[:80]!r}): is the URL a model server's?"
+            ) from exc
+
+    def events(
+        self, path: str, body: dict[str, Any], cancel: threading.Event | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The JSON objects of a server-sent event stream, to its `[DONE]` or its end.
+
+        Setting `cancel` closes the connection at once (the server stops generating); the
+        iterator then ends without an error. A stream cut short raises a `RemoteError` with
+        `dropped` set."""
+        label = self.remote.label
+        try:
+            with self.http.stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    text = response.read().decode("utf-8", "replace")
+                    raise status_error(self.remote, path, response.status_code, text, response)
+                stop = _Hangup(response, cancel)
+                try:
+                    yield from _sse(response.iter_lines(), label)
+                finally:
+                    stop.done()
+        except httpx2.HTTPError as exc:
+            if cancel is not None and cancel.is_set():
+                return
+            if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
+                raise self._unreachable(exc, path) from exc
+            if isinstance(exc, httpx2.TimeoutException):
+                raise RemoteError(
+                    f"{label} sent nothing for {self.remote.timeout:.0f} s: it may be overloaded "
+                    "or stuck; the reply so far is kept (continue it later)",
+                    dropped=True,
+                ) from exc
+            raise RemoteError(
+                f"the connection to {label} dropped in the middle of the reply ({exc}); "
+                "the reply so far is kept: check the server, then continue it",
+                dropped=True,
+            ) from exc
+
+    def _unreachable(self, exc: Exception, path: str) -> RemoteError:
+        if isinstance(exc, httpx2.TimeoutException) and not isinstance(exc, httpx2.ConnectTimeout):
+            return RemoteError(
+                f"{self.remote.label} did not answer {path} within {self.remote.timeout:.0f} s: "
+                "it may be overloaded; try again"
+            )
+        return RemoteError(
+            f"cannot reach {base_url(self.remote.url)} ({type(exc).__name__}: {exc}): "
+            "is the server running, and are the host and port right?"
+        )
+
+
+def status_error(
+    remote: Remote, path: str, status: int, text: str, response: Any = None
+) -> RemoteError:
+    """What an HTTP error status from a model server means, in one line."""
+    label, said = remote.label, error_message(text)
+    said_part = f": {said}" if said else ""
+    if status == 401:
+        key = f"the key in ${remote.api_key_env}" if remote.api_key_env else "no API key was sent"
+        hint = "set --api-key-env NAME (or api_key_env in [remotes.NAME]) to the variable"
+        msg = f"{label} refused the request (401, {key}){said_part}; {hint} that holds its key"
+    elif status == 403:
+        msg = f"{label} refused access (403){said_part}: the API key has no access to this"
+    elif status == 404:
+        model = (
+            f" (is the model name {remote.model!r} right? `localfab models --remote` lists them)"
+        )
+        msg = f"{label} has no {path} (404){said_part}{model if remote.model else ''}"
+    elif status == 429:
+        wait = response.headers.get("retry-after") if response is not None else None
+        after = f" (it asks to retry after {wait} s)" if wait else ""
+        msg = f"{label} is overloaded or rate-limited (429){after}{said_part}; wait and try again"
+    elif status == 503:
+        msg = f"{label} is not ready (503){said_part}: it may still be loading the model; try again"
+    elif status >= 500:
+        msg = f"{label} failed ({status}){said_part}; its log says more"
+    else:
+        msg = f"{label} rejected the request ({status}){said_part}"
+    return RemoteError(msg, status=status)
+
+
+def error_message(text: str) -> str:
+    """The message in an error body, in the shapes servers send (OpenAI's and llama-server's
+    `{"error": {"message"}}`, Ollama's `{"error": "..."}`, FastAPI's `{"detail"}`), or the body
+    itself cut short."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return " ".join(text.split())[:200]
+    if isinstance(body, dict):
+        err = body.get("error", body.get("detail", body.get("message")))
+        if isinstance(err, dict):
+            err = err.get("message", err)
+        if err is not None:
+            return " ".join(str(err).split())[:300]
+    return " ".join(text.split())[:200]
+
+
+def _sse(lines: Iterator[str], label: str) -> Iterator[dict[str, Any]]:
+    """The `data:` objects of an event stream; an `error:` event or an error object raises."""
+    ended = False
+    for line in lines:
+        if not line or line.startswith(":"):
+            continue
+        field_name, _, value = line.partition(":")
+        value = value.strip()
+        if field_name == "data" and value == "[DONE]":
+            ended = True
+            break
+        if field_name not in ("data", "error"):
+            continue
+        try:
+            obj = json.loads(value)
+        except ValueError as exc:
+            raise RemoteError(
+                f"{label} sent a malformed stream line ({line[:80]!r}): not JSON; the reply so "
+                "far is kept. Is this a model server's OpenAI or llama-server API?",
+                dropped=True,
+            ) from exc
+        if field_name == "error" or (isinstance(obj, dict) and "error" in obj and len(obj) <= 2):
+            raise RemoteError(
+                f"{label} stopped the reply with an error: {error_message(json.dumps(obj))}",
+                dropped=True,
+            )
+        if not isinstance(obj, dict):
+            raise RemoteError(f"{label} sent a stream event that is not an object: {line[:80]!r}")
+        yield obj
+        if obj.get("stop") is True:  # llama-server's /completion ends without [DONE]
+            ended = True
+            break
+    if not ended:
+        raise RemoteError(
+            f"the stream from {label} ended before the reply did (the server may have "
+            "stopped or crashed); the reply so far is kept: continue it once it is back",
+            dropped=True,
+        )
+
+
+class _Hangup:
+    """Closes a streamed response's connection when `cancel` is set (a blocked read returns at
+    once, and the server sees the client leave and frees its slot)."""
+
+    def __init__(self, response: httpx2.Response, cancel: threading.Event | None) -> None:
+        self._finished = threading.Event()
+        self._response = response
+        if cancel is not None:
+            threading.Thread(target=self._watch, args=(cancel,), daemon=True).start()
+
+    def _watch(self, cancel: threading.Event) -> None:
+        while not self._finished.is_set():
+            if cancel.wait(0.05):
+                if not self._finished.is_set():
+                    self._shutdown()
+                return
+
+    def _shutdown(self) -> None:
+        stream = self._response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def done(self) -> None:
+        self._finished.set()

@@ -1,0 +1,50 @@
+"""The app's backend on a remote server: `LocalBackend` with a loader that connects instead of
+loading (`remote_loader`). The chat session, its history, versions, search, export, window and
+continuation are the local ones; only the engine under them speaks HTTP
+(`localfab.remote.engine.RemoteEngine`)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from localfab.errors import LoadCancelled
+from localfab.tui.backend import LoadProgress, ModelCard, ProgressCallback
+from localfab.tui.local_backend import ChatModel, Loader
+
+if TYPE_CHECKING:
+    from localfab.remote.client import Remote
+
+
+def remote_loader(remote: Remote) -> Loader:
+    """Connect to `remote`, read its context, template and tokenizer, and hand the app a
+    model card that names it."""
+
+    def load(progress: ProgressCallback, cancel: threading.Event) -> ChatModel:
+        from localfab.chat.prompt import PromptBuilder
+        from localfab.remote.engine import RemoteEngine
+
+        progress(LoadProgress("connecting", 0.1, remote.label))
+        engine = RemoteEngine.connect(remote)
+        if cancel.is_set():
+            engine.close()
+            raise LoadCancelled()
+        facts = engine.facts
+        prompts = PromptBuilder(engine)
+        name = remote.model or facts.model or remote.label
+        plan = (f"remote {remote.label}", f"context {facts.n_ctx}", f"{facts.slots} slot(s)")
+        notices = (prompts.notice,) if prompts.notice else ()
+        info = ModelCard(
+            name=name,
+            path=remote.url,
+            n_ctx=facts.n_ctx,
+            gpu_layers=0,
+            total_layers=0,
+            plan=plan + ((facts.build,) if facts.build else ()),
+            notices=notices,
+            remote=remote.label.removeprefix("http://").removeprefix("https://"),
+        )
+        progress(LoadProgress("ready", 1.0, f"{name} on {remote.label}"))
+        return ChatModel(engine, prompts, info, engine.close, remote=remote.label)
+
+    return load

@@ -1,0 +1,172 @@
+"""A small llama-server look-alike on 127.0.0.1 that misbehaves on request, for the remote
+client's fault tests: real sockets, real HTTP, no model.
+
+It answers `/props`, `/tokenize` (one token per character: the id is the code point) and
+`/detokenize` like llama-server, and `/completion` as `mode` says: "ok" streams a reply, a
+number answers that HTTP status with an error body, "drop" closes the connection mid-reply,
+"malformed" sends a line that is not JSON, "silent" stops sending (the client times out),
+"error" sends llama-server's `error:` event, "truncated" ends the stream without its last
+event. Every /completion body is kept in `requests`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+REPLY = ("Hel", "lo", " there")
+
+
+class FakeRemote:
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.n_ctx = 512
+        self.requests: list[dict[str, Any]] = []
+        self.key: str | None = None  # when set, requests must carry it (else 401)
+        self.disconnected = threading.Event()  # a client closed a stream early
+
+    def pieces(self, text: str) -> list[dict[str, Any]]:
+        return [{"id": ord(c), "piece": c} for c in text]
+
+
+def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self) -> bool:
+            if fake.key and self.headers.get("Authorization") != f"Bearer {fake.key}":
+                self._json(401, {"error": {"code": 401, "message": "Invalid API Key"}})
+                return False
+            return True
+
+        def do_GET(self) -> None:  # noqa: N802
+            if not self._authorized():
+                return
+            if self.path == "/props":
+                self._json(
+                    200,
+                    {
+                        "default_generation_settings": {"n_ctx": fake.n_ctx},
+                        "chat_template": TEMPLATE,
+                        "bos_token": "",
+                        "eos_token": "",
+                        "model_path": "/models/fake-7b.gguf",
+                        "total_slots": 1,
+                        "build_info": "fake",
+                    },
+                )
+            elif self.path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{"id": "fake-7b"}]})
+            else:
+                self._json(404, {"error": {"code": 404, "message": "File Not Found"}})
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length", 0))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not self._authorized():
+                return
+            if self.path == "/tokenize":
+                content = body.get("content", "")
+                pieces = fake.pieces(content)
+                tokens = pieces if body.get("with_pieces") else [p["id"] for p in pieces]
+                self._json(200, {"tokens": tokens})
+            elif self.path == "/detokenize":
+                self._json(200, {"content": "".join(chr(t) for t in body.get("tokens", []))})
+            elif self.path == "/completion":
+                fake.requests.append(body)
+                self._completion(fake.mode)
+            else:
+                self._json(404, {"error": {"code": 404, "message": "File Not Found"}})
+
+        def _completion(self, mode: str) -> None:
+            if mode.isdigit():
+                headers = {"Retry-After": "7"} if mode == "429" else {}
+                message = {"503": "Loading model"}.get(mode, f"failure {mode}")
+                self._json(int(mode), {"error": {"code": int(mode), "message": message}}, headers)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                self._stream(mode)
+            except (BrokenPipeError, ConnectionResetError):
+                fake.disconnected.set()
+
+        def _chunk(self, text: str) -> None:
+            data = text.encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _event(self, obj: dict[str, Any], field: str = "data") -> None:
+            self._chunk(f"{field}: {json.dumps(obj)}\n\n")
+
+        def _stream(self, mode: str) -> None:
+            for i, text in enumerate(REPLY):
+                if mode == "slow":
+                    time.sleep(0.3)
+                self._event({"content": text, "tokens": [ord(c) for c in text], "stop": False})
+                if i == 0 and mode == "drop":
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                if i == 1:
+                    if mode == "malformed":
+                        self._chunk("data: {not json\n\n")
+                    elif mode == "error":
+                        self._event({"code": 500, "message": "slot crashed"}, "error")
+                    elif mode == "silent":
+                        time.sleep(3)
+                        return
+                    elif mode == "truncated":
+                        self._chunk("")
+                        return
+            timings = {
+                "cache_n": 0,
+                "prompt_n": 9,
+                "prompt_ms": 4.0,
+                "predicted_n": 3,
+                "predicted_ms": 6.0,
+            }
+            self._event(
+                {"content": "", "tokens": [], "stop": True, "stop_type": "eos", "timings": timings}
+            )
+            self._chunk("")
+
+    return Handler
+
+
+@contextmanager
+def fake_remote() -> Iterator[tuple[FakeRemote, str]]:
+    fake = FakeRemote()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield fake, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
