@@ -92,6 +92,7 @@ class ServerProcess:
         """`program`: another server taking llama-server's -m and --port (llama-server)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.program = program
         command = [str(program)] if program is not None else [str(LOCALFAB), "serve"]
         self.proc = subprocess.Popen(
             [*command, "-m", str(model), "--port", str(self.port), *args],

@@ -6,14 +6,14 @@ import json
 import logging
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from localfab.commands.run_cache import keep_prompt, ready
+from localfab.commands.run_cache import keep_prompt
+from localfab.commands.run_remote import REMOTE_FLAGS, open_for_run, remote_options
 from localfab.commands.run_tools import load_tools, reply_calls, tools_options, use_tools
-from localfab.commands.spec_flags import gather, spec_options, speculation
+from localfab.commands.spec_flags import gather, spec_options
 from localfab.commands.thinking import (
     ThoughtStream,
     budget_options,
@@ -156,7 +156,8 @@ def read_prompt(words: tuple[str, ...]) -> str:
 @tools_options
 @spec_options
 @gather("tool_flags", ("tools_file", "tool_choice"))
-@gather("load_flags", LOAD_FLAGS)
+@remote_options
+@gather("load_flags", LOAD_FLAGS + REMOTE_FLAGS)
 @gather("sampling_flags", SAMPLING_FLAGS)
 @gather("think_flags", THINK_FLAGS)
 def run(
@@ -194,10 +195,9 @@ def run(
     text = read_prompt(prompt)
 
     config = Config.load(paths := default_paths())
-    speculative = speculation(config, paths, spec_flags)
-    choice = _plan(model, paths, config, verbose, load_flags)
-    loaded = choice.open(speculative=speculative)
-    ready(loaded, paths, config, _pick(prompt_cache, config.prompt_cache), think_flags)
+    flags = (prompt_cache, think_flags, load_flags, spec_flags)
+    loaded, choice, speculative = open_for_run(model, paths, config, verbose, *flags)
+    no_ledger = no_ledger or choice is None  # the ledger records this machine's work only
 
     # An explicit -n is a hard cap (llama.cpp); only the configured limit goes on by itself.
     continues = _pick(max_continues, config.max_continues if max_tokens is None else 0)
@@ -207,14 +207,15 @@ def run(
         loaded.engine, loaded.prompts, system=None if raw else system, max_continues=continues
     )
     tokens, events = _start(session, loaded.prompts, text, options, raw, system)
-    writer, ledger, recorder = _recorder(config, paths, model, choice.plan, choice.path, no_ledger)
+    writer, ledger, recorder = _recorder(config, paths, model, choice, no_ledger)
     events = recorder.wrap(events, prompt_tokens=len(tokens))
     reply = _stream(events, as_json, verbose, hide=think_flags["hide_thinking"])
     energy = recorder.energy or Energy(None, "", "not measured")
     _report(reply, model, len(tokens), energy, as_json=as_json, calls=reply_calls(reply, tools))
     if verbose:
         past = speculative is not None and loaded.engine.speculation_batch_past > 1
-        _report_timings(reply, energy, drafts=speculative is not None, past=past)
+        measured = energy if choice is not None else None
+        _report_timings(reply, measured, drafts=speculative is not None, past=past)
     keep_prompt(loaded.engine, len(tokens), verbose)
     if writer is not None and ledger is not None:
         _close_ledger(writer, ledger, recorder, verbose)
@@ -258,24 +259,6 @@ def _start(
     return tokens, session.send(text, options)
 
 
-def _plan(
-    model: str, paths: Paths, config: Config, verbose: int, load_flags: dict[str, Any]
-) -> ModelChoice:
-    """The model and its plan: the planner picks the context, GPU layers, KV types and
-    threads for this machine, explicit options override it; -v shows the plan first, even
-    one that does not fit (which then stops here)."""
-    from localfab.runtime import choose_model, wishes_from_options
-
-    wishes = wishes_from_options(config, **load_flags)
-    choice = choose_model(model, paths, wishes, require_fit=False)
-    if verbose:
-        from localfab.commands.planning import render_plan
-
-        click.echo(render_plan(choice.plan, choice.machine), err=True)
-    choice.plan.require_fit()
-    return choice
-
-
 def _sampling(config: Config, flags: dict[str, Any]) -> SamplingParams:
     """The options given, else the configured defaults (the seed has its own default, -1)."""
     from localfab.engine import SamplingParams
@@ -309,9 +292,10 @@ def _pick(value: Any, default: Any) -> Any:
 
 
 def _recorder(
-    config: Config, paths: Paths, model: str, chosen: Any, path: Path, no_ledger: bool
+    config: Config, paths: Paths, model: str, choice: ModelChoice | None, no_ledger: bool
 ) -> tuple[LedgerWriter | None, Ledger | None, ReplyRecorder]:
-    """The reply's recorder: energy always (for -v), a ledger row unless turned off."""
+    """The reply's recorder: energy always (for -v), a ledger row unless turned off; a
+    remote's reply (no `choice`) is neither: its energy is not this machine's."""
     from localfab.ledger.writer import (
         Ledger,
         LedgerWriter,
@@ -330,9 +314,9 @@ def _recorder(
         writer,
         frontend="run",
         model=model,
-        plan=chosen,
-        meter=EnergyMeter.for_this_machine(),
-        model_path=path,
+        plan=choice.plan if choice else None,
+        meter=EnergyMeter.for_this_machine() if choice else None,
+        model_path=choice.path if choice else "",
     )
     return writer, ledger, recorder
 
@@ -383,8 +367,8 @@ def _report(
     out.flush()
 
 
-def _report_timings(reply: Reply, energy: Energy, *, drafts: bool, past: bool) -> None:
-    """-v: the reply's figures on stderr."""
+def _report_timings(reply: Reply, energy: Energy | None, *, drafts: bool, past: bool) -> None:
+    """-v: the reply's figures on stderr (`energy` None: a remote's reply, not measured here)."""
     t = reply.timings
     steps = sum(max(0, p.timings.predicted_n - 1) for p in reply.pieces)
     decode_ms = sum(p.timings.predicted_ms for p in reply.pieces)
@@ -402,7 +386,8 @@ def _report_timings(reply: Reply, energy: Energy, *, drafts: bool, past: bool) -
             f"{t.restored_from} in {t.restore_ms:.0f} ms",
             err=True,
         )
-    click.echo(f"localfab: {describe_energy(energy, reply.completion_tokens)}", err=True)
+    if energy is not None:
+        click.echo(f"localfab: {describe_energy(energy, reply.completion_tokens)}", err=True)
     if drafts:
         click.echo(f"localfab: {describe_drafts(reply.pieces, past=past)}", err=True)
 

@@ -48,7 +48,7 @@ def ready(
 def keep_prompt(engine: Any, n_prompt: int, verbose: int) -> None:
     """Write the prompt's state (and the reply's) to the disk tier, after the answer, when
     the prompt is long enough to be worth it."""
-    cache = engine.prompt_cache
+    cache = getattr(engine, "prompt_cache", None)  # a remote's engine has none
     if cache is None or cache.disk is None or n_prompt < RUN_CACHE_MIN:
         return
     started = time.perf_counter()

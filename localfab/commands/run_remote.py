@@ -1,0 +1,135 @@
+"""`localfab run --remote URL|NAME`: the same one-shot answer from a model a server serves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from localfab.commands.run_cache import ready
+from localfab.commands.spec_flags import speculation
+from localfab.errors import UsageError
+
+if TYPE_CHECKING:
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.config import Config, Paths
+    from localfab.engine.types import SpecSettings
+    from localfab.remote.engine import RemoteEngine
+    from localfab.runtime import ModelChoice
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The model names that mean "whatever the server serves" (llama-server serves one).
+SERVERS_OWN = ("-", "default")
+REMOTE_FLAGS = ("remote", "api_key_env")
+
+
+def remote_options(f: F) -> F:
+    """Add --remote and --api-key-env."""
+    f = click.option(
+        "--api-key-env",
+        metavar="NAME",
+        help="With --remote: the environment variable that holds the server's API key.",
+    )(f)
+    return click.option(
+        "--remote",
+        metavar="URL|NAME",
+        help="Answer with a model a llama-server or `localfab serve` serves (a URL, or a "
+        "[remotes.NAME] of config.toml); MODEL is its model name (- for the server's own).",
+    )(f)
+
+
+@dataclass
+class RemoteLoaded:
+    """What `run` needs of a loaded model, from a remote server."""
+
+    engine: RemoteEngine
+    prompts: PromptBuilder
+    notices: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def open_remote(
+    model: str,
+    config: Config,
+    remote_flags: Mapping[str, Any],
+    refused: Mapping[str, Any],
+) -> RemoteLoaded:
+    """Connect to the server --remote names; `refused`: options that only apply to a model
+    loaded here (given ones are an error that says so)."""
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.remote.engine import RemoteEngine
+    from localfab.remote.named import resolve_remote
+
+    given = [name for name, value in refused.items() if value not in (None, False, ())]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UsageError(f"{flags}: these set how a model loads here; a remote server has its own")
+    remote = resolve_remote(
+        remote_flags["remote"],
+        config,
+        model=None if model in SERVERS_OWN else model,
+        api_key_env=remote_flags["api_key_env"],
+    )
+    engine = RemoteEngine.connect(remote)
+    prompts = PromptBuilder(engine)
+    return RemoteLoaded(engine, prompts, [prompts.notice] if prompts.notice else [])
+
+
+def open_for_run(
+    model: str,
+    paths: Paths,
+    config: Config,
+    verbose: int,
+    prompt_cache: bool | None,
+    think_flags: dict[str, Any],
+    load_flags: dict[str, Any],
+    spec_flags: dict[str, Any],
+) -> tuple[Any, ModelChoice | None, SpecSettings | None]:
+    """`run`'s model, ready (see `ready`): loaded here as planned (and its choice, its
+    speculative decoding), or the server --remote names (no choice: nothing was planned).
+    `load_flags` holds --remote and --api-key-env too."""
+    load_flags = dict(load_flags)
+    remote_flags = {name: load_flags.pop(name) for name in REMOTE_FLAGS}
+    if check_remote_flags(remote_flags):
+        refused = {**load_flags, **spec_flags, "prompt_cache": prompt_cache}
+        remote = open_remote(model, config, remote_flags, refused)
+        ready(remote, paths, config, False, think_flags)
+        return remote, None, None
+    speculative = speculation(config, paths, spec_flags)
+    choice = plan_model(model, paths, config, verbose, load_flags)
+    loaded = choice.open(speculative=speculative)
+    use_cache = config.prompt_cache if prompt_cache is None else prompt_cache
+    ready(loaded, paths, config, use_cache, think_flags)
+    return loaded, choice, speculative
+
+
+def plan_model(
+    model: str, paths: Paths, config: Config, verbose: int, load_flags: dict[str, Any]
+) -> ModelChoice:
+    """The model and its plan: the planner picks the context, GPU layers, KV types and
+    threads for this machine, explicit options override it; -v shows the plan first, even
+    one that does not fit (which then stops here)."""
+    from localfab.runtime import choose_model, wishes_from_options
+
+    wishes = wishes_from_options(config, **load_flags)
+    choice = choose_model(model, paths, wishes, require_fit=False)
+    if verbose:
+        from localfab.commands.planning import render_plan
+
+        click.echo(render_plan(choice.plan, choice.machine), err=True)
+    choice.plan.require_fit()
+    return choice
+
+
+def check_remote_flags(remote_flags: Mapping[str, Any]) -> bool:
+    """Whether --remote was given (--api-key-env alone is an error)."""
+    if remote_flags["remote"] is None:
+        if remote_flags["api_key_env"] is not None:
+            raise UsageError("--api-key-env goes with --remote URL")
+        return False
+    return True
