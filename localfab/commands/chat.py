@@ -98,14 +98,11 @@ def open_app(
     session_id: int | None = None,
     new: bool = False,
     system: str | None = None,
-    ctx_size: int | None = None,
     theme: str | None = None,
-    template_file: Path | None = None,
-    remote: Remote | None = None,
+    **backend: Any,
 ) -> None:
-    """Build the app for MODEL (or a saved session) and run it until the user quits
-    (`template_file`: a chat template used instead of each model's own; `remote`: chat with
-    the model a server serves instead of loading one here)."""
+    """Build the app for MODEL (or a saved session) and run it until the user quits;
+    `backend`: how its models are opened (`backend_factory`'s options)."""
     from localfab.config import default_paths
     from localfab.store import Store
     from localfab.tui.app import AppDeps, make_app
@@ -121,9 +118,7 @@ def open_app(
         paths,
         history,
         lambda: app.config if app is not None else config,
-        ctx_size=ctx_size,
-        template_file=template_file,
-        remote=remote,
+        **backend,
     )
 
     def facts_for(name: str) -> ModelFacts:
@@ -132,7 +127,8 @@ def open_app(
         return read_facts(Store(paths).resolve(name))
 
     app: LocalfabApp | None = None
-    backend = backend_for(model or "") if model or remote else None
+    remote: Remote | None = backend.get("remote")
+    first = backend_for(model or "") if model or remote else None
     app = make_app(
         AppDeps(
             models=LocalModels(paths),
@@ -141,7 +137,7 @@ def open_app(
             config=config,
             paths=paths,
             notices=tuple(p for p in (config_problem, problem) if p),
-            backend=backend,
+            backend=first,
             history=history,
             model_name=model if remote is None else remote_label(remote),
             session_id=session_id,
@@ -159,12 +155,16 @@ def backend_factory(
     history: History,
     current: Callable[[], Config],
     *,
-    ctx_size: int | None,
-    template_file: Path | None,
-    remote: Remote | None,
+    ctx_size: int | None = None,
+    template_file: Path | None = None,
+    remote: Remote | None = None,
+    serving: tuple[tuple[str, int], int] | None = None,
 ) -> Callable[..., LocalBackend]:
     """What makes the app's backend for a model name (and the fit screen's wishes), with the
-    settings as they are then (`current`: the settings screen may have saved new ones)."""
+    settings as they are then (`current`: the settings screen may have saved new ones).
+    `template_file`: a chat template used instead of each model's own; `remote`: chat with the
+    model a server serves instead of loading one here; `serving`: the address and slots of a
+    server in this process that holds the app's model."""
     from localfab.tui.local_backend import LocalBackend, model_loader
 
     def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
@@ -175,6 +175,14 @@ def backend_factory(
 
             on = remote_loader(remote)
             return LocalBackend(on, history, remote_label(remote), chat_options(now), **tools)
+        if serving is not None:  # the model is loaded by a server in this process
+            from localfab.commands.chat_serve import serving_loader
+            from localfab.tui.remote_backend import remote_loader
+
+            on = serving_loader(
+                name, *serving, remote_loader, ctx_size=ctx_size, template=template_file
+            )
+            return LocalBackend(on, history, name, chat_options(now), **tools)
         loader = model_loader(
             name, paths, now, ctx_size=ctx_size, wishes=wishes, template_file=template_file
         )
@@ -235,6 +243,21 @@ def exit_with(return_code: int | None) -> None:
     metavar="NAME",
     help="With --remote: the environment variable that holds the server's API key.",
 )
+@click.option(
+    "--serve",
+    "serve_at",
+    metavar="[HOST:]PORT",
+    help="Also serve the model with llama-server's API at this address (one load for the app "
+    "and its clients: an editor plugin shares the model); the app's chat takes a slot.",
+)
+@click.option(
+    "-np",
+    "--parallel",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="With --serve: the server's slots (requests generated at once), the app's included.",
+)
 def chat(
     model: str | None,
     session_id: int | None,
@@ -245,12 +268,15 @@ def chat(
     chat_template_file: Path | None,
     remote: str | None,
     api_key_env: str | None,
+    serve_at: str | None,
+    parallel: int,
 ) -> None:
     """Chat with MODEL in the terminal app (a registered name, a .gguf path or smollm2:135m).
 
     With --session ID the saved chat is resumed on its own model unless MODEL is given.
     """
     where = remote_from_options(remote, model, api_key_env, ctx_size, chat_template_file)
+    serving = serving_from_options(serve_at, parallel, where, model, session_id)
     if session_id is not None and new:
         raise UsageError("--session and --new cannot be used together")
     if ctx_size is not None and ctx_size < 16:
@@ -264,7 +290,27 @@ def chat(
         theme=theme,
         template_file=chat_template_file,
         remote=where,
+        serving=serving,
     )
+
+
+def serving_from_options(
+    serve_at: str | None,
+    parallel: int,
+    remote: Remote | None,
+    model: str | None,
+    session_id: int | None,
+) -> tuple[tuple[str, int], int] | None:
+    """The address and slots of --serve (None: not asked)."""
+    if serve_at is None:
+        if parallel != 1:
+            raise UsageError("-np goes with --serve [HOST:]PORT")
+        return None
+    if remote is not None:
+        raise UsageError("--serve shares a model loaded here; with --remote none is")
+    from localfab.commands.chat_serve import serve_address
+
+    return serve_address(serve_at), parallel
 
 
 def remote_from_options(

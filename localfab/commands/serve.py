@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from localfab.commands.serve_flags import cache_disk, cache_ram_limit, slot_folder, template_kwargs
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.commands.thinking import (
     budget_options,
@@ -228,6 +229,13 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
         raise UsageError("no model: give it as an argument or with -m")
     if model_opt and model_arg and model_opt != model_arg:
         raise UsageError("give the model once, either as MODEL or with -m")
+    choice, config = plan_serving(name, options)
+    _serve(name, choice, options, config)
+
+
+def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Config]:
+    """Check `serve`'s options (completing some of them in place) and plan the model as they
+    ask; warns on stderr of what the user should know (no key on an open address)."""
     if options["ctx_size"] is not None and options["ctx_size"] < 0:
         raise UsageError(f"-c {options['ctx_size']} is not a context size")
     if options["parallel"] < 1:
@@ -257,7 +265,7 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
     for warning in choice.plan.warnings:
         click.echo(f"localfab: warning: {warning}", err=True)
     choice.plan.require_fit()
-    _serve(name, choice, options, config)
+    return choice, config
 
 
 def api_keys(given: tuple[str, ...], key_file: str | None) -> tuple[str, ...]:
@@ -369,58 +377,6 @@ def _settings(
     )
 
 
-def slot_folder(path: Path | None) -> Path | None:
-    """The folder of `--slot-save-path`, which must exist (as llama-server)."""
-    if path is not None and not path.is_dir():
-        raise UsageError(f"--slot-save-path {path} is not a folder: create it first")
-    return path
-
-
-def template_kwargs(text: str | None) -> tuple[tuple[str, Any], ...]:
-    """--chat-template-kwargs: a JSON object of the template's variables."""
-    if not text:
-        return ()
-    import json
-
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"--chat-template-kwargs is not valid JSON ({exc})") from exc
-    if not isinstance(value, dict):
-        raise UsageError(
-            '--chat-template-kwargs must be a JSON object, e.g. {"enable_thinking": false}'
-        )
-    return tuple(value.items())
-
-
-def cache_disk(mib: int) -> tuple[Path, int] | None:
-    """The disk tier's folder and bytes for `--cache-disk MIB`; None when off."""
-    if mib < 0:
-        raise UsageError(f"--cache-disk must be 0 (off) or a size in MiB, not {mib}")
-    if mib == 0:
-        return None
-    from localfab.config import default_paths
-
-    return default_paths().prompt_cache_dir, mib * MiB
-
-
-def cache_ram_limit(mib: int | None, planned: int | None = None) -> int | None:
-    """Bytes the prompt cache may hold for `--cache-ram MIB` (None: no limit); without the
-    flag, what the plan counted for it (`planned`: half the RAM its load leaves free, at most
-    llama-server's 8 GiB), or without a plan that share of the RAM free now."""
-    if mib is not None:
-        if mib < -1:
-            raise UsageError(
-                f"--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, not {mib}"
-            )
-        return None if mib == -1 else mib * MiB
-    if planned is not None:
-        return planned
-    from localfab.engine.prompt_cache import default_limit
-
-    return default_limit()
-
-
 def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Callable[[], Any]:
     """Loads the model on the engine thread, once the server listens, and says so."""
 
@@ -445,12 +401,15 @@ def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Ca
     return loader
 
 
-def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Config) -> None:
+def server_app(
+    name: str, choice: ModelChoice, options: dict[str, Any], config: Config
+) -> tuple[Any, ServerSettings, int]:
+    """The server's ASGI app (its model loads on its worker once it listens), its settings
+    and the most connections it takes."""
     from localfab.server import create_app
-    from localfab.server.runner import connection_cap, make_foreground_server
+    from localfab.server.runner import connection_cap
 
     settings = _settings(name, options, config, choice.plan.prompt_cache)
-    path = choice.path
     loader = _loader(choice, options, settings.n_parallel)
     max_connections = connection_cap(settings.max_connections)
     if max_connections < settings.max_connections:
@@ -459,7 +418,14 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
             f"{settings.max_connections}: the open-file limit is low; raise it with ulimit -n",
             err=True,
         )
-    app = create_app(loader, settings, ledger=_ledger(options, config))
+    return create_app(loader, settings, ledger=_ledger(options, config)), settings, max_connections
+
+
+def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Config) -> None:
+    from localfab.server.runner import make_foreground_server
+
+    path = choice.path
+    app, settings, max_connections = server_app(name, choice, options, config)
     server = make_foreground_server(
         app,
         host=options["host"],

@@ -25,6 +25,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from localfab.errors import UsageError
 from localfab.server.errors import ApiError
 from localfab.server.settings import ServerSettings
 
@@ -307,19 +308,29 @@ class CancellingServer(uvicorn.Server):
 
 
 class BackgroundServer:
-    """Serve `app` on 127.0.0.1 at a free port in a daemon thread (tests, benchmarks)."""
+    """Serve `app` in a daemon thread, on 127.0.0.1 at a free port (tests, benchmarks) or
+    where `host` and `port` say (the chat app's `--serve`)."""
 
     def __init__(
         self,
         app: Any,
         *,
         host: str = "127.0.0.1",
+        port: int = 0,
         header_timeout: float = _DEFAULTS.header_timeout,
         max_connections: int = _DEFAULTS.max_connections,
     ) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
+        try:
+            self.sock.bind((host, port))
+        except OSError as exc:
+            self.sock.close()
+            raise UsageError(
+                f"cannot listen on {host}:{port} ({exc.strerror}): another server may use the "
+                "port; pick another with --serve HOST:PORT"
+            ) from exc
         self.host, self.port = self.sock.getsockname()[:2]
         self.server = make_server(
             app,
