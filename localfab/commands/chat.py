@@ -131,7 +131,7 @@ def open_app(
     first = backend_for(model or "") if model or remote else None
     app = make_app(
         AppDeps(
-            models=LocalModels(paths),
+            models=LocalModels(paths, known_remotes(config, backend.get("remote"))),
             backend_factory=backend_for,
             facts_for=facts_for,
             config=config,
@@ -170,6 +170,12 @@ def backend_factory(
     def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
         now = current()
         tools = tool_servers(now, paths)  # the config's MCP servers
+        on_server = remote_named(name, known_remotes(now, remote))  # from the models screen
+        if on_server is not None:
+            from localfab.tui.remote_backend import remote_loader
+
+            on = remote_loader(on_server)
+            return LocalBackend(on, history, name, chat_options(now), **tools)
         if remote is not None:  # every chat of the app runs on the server
             from localfab.tui.remote_backend import remote_loader
 
@@ -190,6 +196,31 @@ def backend_factory(
         return LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger, **tools)
 
     return backend_for
+
+
+def known_remotes(config: Config, remote: Remote | None) -> dict[str, Remote]:
+    """The remote servers the models screen lists, by label: config.toml's [remotes.NAME]
+    (none when one is wrong: the app still opens) and the app's --remote."""
+    from localfab.remote.named import named_remotes
+
+    try:
+        remotes = named_remotes(config)
+    except UsageError as exc:
+        logging.getLogger("localfab.tui").warning("remote servers left out: %s", exc)
+        remotes = {}
+    if remote is not None:
+        remotes[remote.label] = remote
+    return remotes
+
+
+def remote_named(name: str, remotes: dict[str, Remote]) -> Remote | None:
+    """The remote a models-screen choice `model@server` names (None: a local model's name)."""
+    import dataclasses
+
+    model, at, label = name.rpartition("@")
+    if not at or label not in remotes:
+        return None
+    return dataclasses.replace(remotes[label], model=model)
 
 
 def remote_label(remote: Remote) -> str:

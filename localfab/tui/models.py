@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import glob
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -22,6 +22,7 @@ from localfab.units import format_bytes, format_context
 
 if TYPE_CHECKING:
     from localfab.hub import DownloadProgress
+    from localfab.remote.client import Remote
     from localfab.store import Store
     from localfab.store.catalog import CatalogEntry
 
@@ -60,6 +61,24 @@ class CatalogRow:
         """Whether every word of the filter is in the name, title, repo, params or note."""
         hay = " ".join((self.name, self.title, self.repo, self.params, self.note)).casefold()
         return all(word in hay for word in text.casefold().split())
+
+
+@dataclass(frozen=True)
+class RemoteRow:
+    """A model a remote server serves, as the models screen lists it; a server that could not
+    be listed is one row with no model and the reason in `detail`."""
+
+    server: str  # the remote's name ([remotes.NAME]) or URL
+    model: str
+    detail: str
+    choice: str = ""  # what the app opens for it ("model@server"; "": nothing to open)
+
+
+@runtime_checkable
+class ListsRemotes(Protocol):
+    """A model source that also lists the models of remote servers (slow: a worker)."""
+
+    def remote_rows(self) -> list[RemoteRow]: ...
 
 
 class ModelSource(Protocol):
@@ -104,10 +123,12 @@ class LocalModels:
     """Registered and built-in models from the store, judged by the planner; the curated
     catalog with fit verdicts read from the hub; pulls through `localfab.hub`."""
 
-    def __init__(self, paths: Paths) -> None:
+    def __init__(self, paths: Paths, remotes: Mapping[str, Remote] | None = None) -> None:
+        """`remotes`: the servers the remote tab lists, by label (config's and --remote's)."""
         from localfab.runtime import FitJudge
 
         self.paths = paths
+        self.remotes = dict(remotes or {})
         self._judge = FitJudge()
         self._queue: PullQueue | None = None
         self._remote_fits: dict[str, str] = {}
@@ -117,6 +138,10 @@ class LocalModels:
         from localfab.store import Store
 
         return Store(self.paths)
+
+    def remote_rows(self) -> list[RemoteRow]:
+        """Each remote's models (`/v1/models`), or why it could not be asked."""
+        return [row for label, remote in self.remotes.items() for row in remote_rows(label, remote)]
 
     def rows(self) -> list[ModelRow]:
         from localfab.units import human_age, human_size
@@ -232,6 +257,33 @@ class LocalModels:
         if removed.kept:
             return f"forgot {removed.name}; the file stays at {removed.kept[0]}"
         return f"removed {removed.name}, freed {format_bytes(removed.bytes_freed, precise=True)}"
+
+
+def remote_rows(label: str, remote: Remote) -> list[RemoteRow]:
+    """What one server says it serves: its models, with their context where it says it."""
+    from localfab.remote.client import RemoteClient
+
+    client = RemoteClient(remote)
+    try:
+        listed = client.get("/v1/models")
+    except LocalfabError as exc:
+        return [RemoteRow(label, "", str(exc))]
+    finally:
+        client.close()
+    data = listed.get("data") if isinstance(listed, dict) else None
+    rows = []
+    for item in data if isinstance(data, list) else []:
+        if not isinstance(item, dict) or not item.get("id"):
+            continue
+        model = str(item["id"])
+        meta = item.get("meta")
+        meta = meta if isinstance(meta, dict) else {}
+        context = item.get("max_model_len") or meta.get("n_ctx_train") or meta.get("n_ctx")
+        detail = f"context {format_context(int(context))}" if isinstance(context, int) else ""
+        owner = str(item.get("owned_by") or "")
+        detail = " · ".join(part for part in (detail, owner) if part)
+        rows.append(RemoteRow(label, model, detail, f"{model}@{label}"))
+    return rows or [RemoteRow(label, "", "the server lists no models (/v1/models)")]
 
 
 def catalog_row(c: CatalogEntry, *, local: str | None = None, kept: int = 0) -> CatalogRow:

@@ -21,10 +21,11 @@ from textual.widgets import DataTable, Footer, Input, Label, Static, TabbedConte
 
 from localfab.errors import LocalfabError
 from localfab.tui.downloads import PullJob
-from localfab.tui.models import ModelActions, ModelRow, ModelSource
+from localfab.tui.models import ListsRemotes, ModelActions, ModelRow, ModelSource
 from localfab.tui.widgets.catalog_pane import WIDTHS, CatalogPane, cursor_key, restore_cursor
 from localfab.tui.widgets.confirm import ConfirmDialog
 from localfab.tui.widgets.pulls import PullsPanel
+from localfab.tui.widgets.remote_pane import RemotePane
 
 COLUMNS = ("Name", "Size", "Quant", "Arch", "Fit", "Last used")
 
@@ -84,6 +85,7 @@ class ModelsScreen(Screen[None]):
         Binding("ctrl+r", "reload", "Reload", id="models.reload", show=False),
         Binding("l", "show_local", "Local", id="models.local", show=False),
         Binding("c", "show_catalog", "Catalog", id="models.catalog"),
+        Binding("r", "show_remote", "Remote", id="models.remote", show=False),
         Binding("slash", "filter", "Filter", id="models.filter", show=False),
         Binding("p", "pull", "Pull", id="models.pull"),
         Binding("x", "cancel_pull", "Cancel pull", id="models.cancel"),
@@ -140,12 +142,29 @@ class ModelsScreen(Screen[None]):
                 yield Static(self._local_hint(), id="models-hint")
             with TabPane("Catalog", id="catalog-pane", disabled=self.actions is None):
                 yield CatalogPane(self.actions, id="catalog")
+            with TabPane("Remote servers", id="remote-pane"):
+                yield RemotePane(self._remotes(), id="remotes")
         yield PullsPanel(id="pulls")
         yield Footer()
 
     @property
     def catalog(self) -> CatalogPane:
         return self.query_one(CatalogPane)
+
+    def _remotes(self) -> ListsRemotes | None:
+        """The source's remote servers (None: it has none)."""
+        source = self.source
+        if isinstance(source, ListsRemotes) and getattr(source, "remotes", True):
+            return source
+        return None
+
+    @on(RemotePane.Chosen)
+    def _remote_chosen(self, event: RemotePane.Chosen) -> None:
+        self.post_message(self.ModelChosen(event.choice))
+
+    def action_show_remote(self) -> None:
+        self.query_one(TabbedContent).active = "remote-pane"
+        self.query_one("#remote-table", DataTable).focus()
 
     @on(CatalogPane.Loaded)
     def _catalog_loaded(self) -> None:
@@ -192,6 +211,8 @@ class ModelsScreen(Screen[None]):
         """Read both lists again, and check again the fits that could not be checked."""
         self._refresh_lists()
         self.catalog.recheck()
+        if self._tab() == "remote-pane":
+            self.query_one(RemotePane).load()
 
     def _refresh_lists(self) -> None:
         self._load_rows()
@@ -399,6 +420,8 @@ class ModelsScreen(Screen[None]):
         self.refresh_bindings()
         if event.pane.id == "catalog-pane":
             self.catalog.start_fit_checks()
+        elif event.pane.id == "remote-pane" and not self.query_one(RemotePane).loaded:
+            self.query_one(RemotePane).load()
 
     def action_chat(self) -> None:
         """Chat with the local model under the cursor (or the catalog model, once here)."""
@@ -423,6 +446,7 @@ class ModelsScreen(Screen[None]):
         commands: list[Command] = [
             ("Chat with this model", "Open the chat on the selected model", self.action_chat),
             ("Show local models", "The models on this machine", self.action_show_local),
+            ("Show remote servers", "The models remote servers serve", self.action_show_remote),
             ("Reload models", "Read the model list again", self.action_reload),
         ]
         if self.actions is not None:
