@@ -140,3 +140,28 @@ def test_a_server_killed_mid_reply(model_path: Path, history: Any, kind: str) ->
     finally:
         backend.close()
         server.stop()
+
+
+def test_a_forced_tool_call_through_the_remote(model_server: ServerProcess) -> None:
+    """The grammar of a required call goes to the server; the call is read from the reply."""
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.chat.session import ChatSession
+    from localfab.chat.tools import parse_tools
+    from localfab.engine.types import GenerationOptions
+    from localfab.remote.engine import RemoteEngine
+    from tests.chat.test_session_tools import ADD
+
+    engine = RemoteEngine.connect(Remote(model_server.url))
+    try:
+        session = ChatSession(engine, PromptBuilder(engine), system="Be brief.")
+        session.set_tools(parse_tools([ADD], "required"))
+        options = GenerationOptions(sampling=GREEDY, max_tokens=48)
+        reply = list(session.send("What is 2 plus 40?", options))[-1]
+        (call,) = reply.tool_calls
+        assert call.name == "box__add" and set(call.arguments) == {"a", "b"}  # the schema held
+        session.add_tool_result(call, "42")
+        session.set_tools(parse_tools([ADD], "none"))
+        follow = list(session.follow_up(options))[-1]
+        assert follow.text.strip()
+    finally:
+        engine.close()
