@@ -148,9 +148,10 @@ def cli(ctx: click.Context) -> None:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         # As click does for a group called without a command: the help, exit code 2.
         raise click.exceptions.NoArgsIsHelpError(ctx)
-    from localfab.commands.chat import last_used_model, open_app
+    from localfab.commands.chat import attached, last_used_model, open_app
 
-    open_app(last_used_model())
+    model = last_used_model()
+    open_app(model, remote=attached(model, None))
 
 
 def main() -> None:

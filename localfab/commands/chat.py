@@ -282,6 +282,12 @@ def exit_with(return_code: int | None) -> None:
     "and its clients: an editor plugin shares the model); the app's chat takes a slot.",
 )
 @click.option(
+    "--attach/--no-attach",
+    default=None,
+    help="When a localfab serve on this machine already holds MODEL: chat through it "
+    "(--attach) or load the model again here (--no-attach); asked when not given.",
+)
+@click.option(
     "-np",
     "--parallel",
     type=click.IntRange(1, 64),
@@ -300,6 +306,7 @@ def chat(
     remote: str | None,
     api_key_env: str | None,
     serve_at: str | None,
+    attach: bool | None,
     parallel: int,
 ) -> None:
     """Chat with MODEL in the terminal app (a registered name, a .gguf path or smollm2:135m).
@@ -307,7 +314,9 @@ def chat(
     With --session ID the saved chat is resumed on its own model unless MODEL is given.
     """
     where = remote_from_options(remote, model, api_key_env, ctx_size, chat_template_file)
-    serving = serving_from_options(serve_at, parallel, where, model, session_id)
+    serving = serving_from_options(serve_at, parallel, where)
+    if where is None and serving is None:
+        where = attached(model, attach)
     if session_id is not None and new:
         raise UsageError("--session and --new cannot be used together")
     if ctx_size is not None and ctx_size < 16:
@@ -325,12 +334,17 @@ def chat(
     )
 
 
+def attached(model: str | None, attach: bool | None) -> Remote | None:
+    """The `localfab serve` already holding `model` that the app chats through, if the person
+    wants it (see `running.offer_attach`)."""
+    from localfab.commands.running import offer_attach
+    from localfab.config import default_paths
+
+    return offer_attach(model, default_paths(), attach)
+
+
 def serving_from_options(
-    serve_at: str | None,
-    parallel: int,
-    remote: Remote | None,
-    model: str | None,
-    session_id: int | None,
+    serve_at: str | None, parallel: int, remote: Remote | None
 ) -> tuple[tuple[str, int], int] | None:
     """The address and slots of --serve (None: not asked)."""
     if serve_at is None:

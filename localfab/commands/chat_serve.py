@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,19 @@ def serve_address(text: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"--serve {text!r}: give a port, or HOST:PORT (127.0.0.1:8080)")
     return host, int(port)
+
+
+def closing_all(model: ChatModel, *after: Callable[[], None]) -> ChatModel:
+    """`model` whose close also calls each of `after`, in order."""
+    close_client = model.close
+
+    def close() -> None:
+        close_client()
+        for step in after:
+            step()
+
+    model.close = close
+    return model
 
 
 def wait_loaded(worker: Any, cancel: threading.Event, path: Path) -> None:
@@ -81,7 +95,9 @@ def serving_loader(
     (`loader`: what connects, `remote_loader`); the chat's close stops the server."""
 
     def load(progress: Any, cancel: threading.Event) -> ChatModel:
-        from localfab.commands.serve import is_loopback, plan_serving, server_app
+        from localfab.commands.running import RunningServer, forget_server, record_server
+        from localfab.commands.serve import is_loopback, local_url, plan_serving, server_app
+        from localfab.config import default_paths
         from localfab.remote.client import Remote
         from localfab.server.runner import BackgroundServer
         from localfab.tui.backend import LoadProgress
@@ -103,7 +119,7 @@ def serving_loader(
         progress(LoadProgress("loading the model (served on " + where + ")", 0.1, name))
         try:
             wait_loaded(worker, cancel, choice.path)
-            url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+            url = local_url(host, port)
             label = f"serving {where}" if is_loopback(host) else f"serving {where} (open)"
             keyed = settings.api_keys and os.environ.get("LLAMA_API_KEY") in settings.api_keys
             remote = Remote(url, name=label, api_key_env="LLAMA_API_KEY" if keyed else "")
@@ -112,14 +128,9 @@ def serving_loader(
             worker.cancel_all()
             server.stop()
             raise
-        close_client = model.close
-
-        def close() -> None:
-            close_client()
-            worker.cancel_all()
-            server.stop()
-
-        model.close = close
-        return model
+        # Another `localfab chat` on this model is offered to attach to this server.
+        running = RunningServer(os.getpid(), url, str(choice.path), name, bool(settings.api_keys))
+        record = record_server(default_paths(), running)
+        return closing_all(model, lambda: forget_server(record), worker.cancel_all, server.stop)
 
     return load

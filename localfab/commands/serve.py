@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from localfab.commands.running import RunningServer, forget_server, record_server
 from localfab.commands.serve_flags import cache_disk, cache_ram_limit, slot_folder, template_kwargs
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.commands.thinking import (
@@ -401,6 +402,12 @@ def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Ca
     return loader
 
 
+def local_url(host: str, port: int) -> str:
+    """The URL a client on this machine reaches a server listening on host:port at."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def server_app(
     name: str, choice: ModelChoice, options: dict[str, Any], config: Config
 ) -> tuple[Any, ServerSettings, int]:
@@ -451,7 +458,23 @@ def _serve(name: str, choice: ModelChoice, options: dict[str, Any], config: Conf
             server.should_exit = True
 
     threading.Thread(target=watch_load, daemon=True).start()
-    server.run()
+    from localfab.config import default_paths
+
+    # Known on this machine while it runs: `localfab chat` on the same model offers to attach.
+    record = record_server(
+        default_paths(),
+        RunningServer(
+            os.getpid(),
+            local_url(options["host"], options["port"]),
+            str(path),
+            name,
+            keyed=bool(settings.api_keys),
+        ),
+    )
+    try:
+        server.run()
+    finally:
+        forget_server(record)
     if worker.load_error is not None:
         from localfab.errors import LocalfabError
 
