@@ -74,7 +74,8 @@ class ChatSession(ReplyStreaming):
         self.engine = engine
         self.prompts = prompts
         self.system = system
-        self.max_continues = max_continues
+        # An engine that cannot go on with a cut reply (a remote chat API) is not asked to.
+        self.max_continues = max_continues if getattr(engine, "continues", True) else 0
         self.n_ctx: int = engine.n_ctx
         self.reply_reserve = reply_reserve_for(self.n_ctx, reply_reserve)
         self.messages: list[dict[str, Any]] = []
@@ -390,6 +391,8 @@ class ChatSession(ReplyStreaming):
         options: GenerationOptions = NO_OPTIONS,
     ) -> Iterator[ChatEvent]:
         """Continue the last assistant message (e.g. one that was interrupted) from its text."""
+        if not getattr(self.engine, "continues", True):
+            raise UsageError(getattr(self.engine, "continue_problem", "this model cannot continue"))
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise ValueError("there is no reply to continue")
         last_user = max(i for i, m in enumerate(self.messages) if m["role"] == "user")

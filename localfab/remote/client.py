@@ -38,16 +38,22 @@ class RemoteError(LocalfabError):
         self.dropped = dropped
 
 
+class NotLlamaServer(RemoteError):
+    """The server answers, but not as a llama-server (no `/props` with a context size)."""
+
+
 @dataclass(frozen=True)
 class Remote:
     """Where a remote server is: its base URL (without `/v1`), a name to show, the model to
-    ask for ("": the server's own), the environment variable that holds its API key."""
+    ask for ("": the server's own), the environment variable that holds its API key, the
+    longest wait for the next bytes of an answer, and its context where it cannot say."""
 
     url: str
     name: str = ""
     model: str = ""
     api_key_env: str = ""
     timeout: float = READ_TIMEOUT
+    context: int = 0  # tokens, for a chat API that says none (0: ask the server)
 
     @property
     def label(self) -> str:

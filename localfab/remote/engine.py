@@ -30,7 +30,7 @@ from localfab.engine.types import (
     TokenEvent,
 )
 from localfab.errors import ContextOverflow, UsageError
-from localfab.remote.client import Remote, RemoteClient, RemoteError
+from localfab.remote.client import NotLlamaServer, Remote, RemoteClient, RemoteError
 
 TOKENIZE_CACHE = 4096  # texts whose tokens are kept (a prompt is rendered in many pieces)
 
@@ -54,17 +54,17 @@ def read_facts(client: RemoteClient) -> ServerFacts:
     try:
         props = client.get("/props")
     except RemoteError as exc:
-        if exc.status in (404, 405):
-            raise RemoteError(
+        if exc.status in (404, 405) or (exc.status == 0 and "not JSON" in str(exc)):
+            raise NotLlamaServer(
                 f"{client.remote.label} has no llama-server /props endpoint: it is not a "
-                "llama-server or `localfab serve` (those are the servers a chat runs on here)",
+                "llama-server or `localfab serve`",
                 status=exc.status,
             ) from exc
         raise
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
     if not isinstance(n_ctx, int) or n_ctx <= 0:
-        raise RemoteError(
+        raise NotLlamaServer(
             f"{client.remote.label}'s /props says no context size: is it a llama-server?"
         )
     model = str(props.get("model_alias") or "") or _model_file(str(props.get("model_path", "")))
@@ -352,3 +352,14 @@ class _RemoteReply:
         if tools is not None:
             done = replace(done, content=tools.parser.content, tool_calls=tuple(tools.parser.calls))
         yield done
+
+
+def connect(remote: Remote) -> Any:
+    """The engine for `remote`: token for token where it is a llama-server (or `localfab
+    serve`), else through its OpenAI chat API (`chat_api.ChatApiEngine`)."""
+    from localfab.remote.chat_api import ChatApiEngine
+
+    try:
+        return RemoteEngine.connect(remote)
+    except NotLlamaServer:
+        return ChatApiEngine.connect(remote)

@@ -6,12 +6,14 @@ url = "http://192.168.1.20:8080"
 api_key_env = "BOX_KEY"      # the variable that holds the key (never the key itself)
 model = "qwen3-32b"          # what to ask for ("" or none: the server's own)
 timeout = 600                # seconds to wait for the next bytes of an answer
+context = 8192               # tokens, where the server cannot say (Ollama's num_ctx)
 ```
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from localfab.errors import UsageError
@@ -20,7 +22,7 @@ from localfab.remote.client import READ_TIMEOUT, Remote
 if TYPE_CHECKING:
     from localfab.config import Config
 
-_KEYS = {"url", "api_key_env", "model", "timeout"}
+_KEYS = {"url", "api_key_env", "model", "timeout", "context"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -57,7 +59,10 @@ def _remote(name: str, table: Any, where: str) -> Remote:
     timeout = table.get("timeout", READ_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise UsageError(f"{where}: timeout must be a number of seconds above 0")
-    return Remote(url.strip(), name, model, key_env, float(timeout))
+    context = table.get("context", 0)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        raise UsageError(f"{where}: context must be a number of tokens")
+    return Remote(url.strip(), name, model, key_env, float(timeout), context)
 
 
 def resolve_remote(
@@ -80,7 +85,5 @@ def resolve_remote(
             raise UsageError(
                 f"--api-key-env must name an environment variable, not {api_key_env!r}"
             )
-        remote = Remote(remote.url, remote.name, remote.model, api_key_env, remote.timeout)
-    if model:
-        remote = Remote(remote.url, remote.name, model, remote.api_key_env, remote.timeout)
-    return remote
+        remote = replace(remote, api_key_env=api_key_env)
+    return replace(remote, model=model) if model else remote

@@ -351,7 +351,9 @@ class LocalBackend(ToolUse):
         if chat is None:
             info = self._loaded.info if self._loaded else None
             return 0, info.n_ctx if info else 0
-        return len(chat.expected_cache), chat.n_ctx
+        # A chat API's window is counted in characters: shown in (estimated) tokens.
+        scale = getattr(chat.engine, "chars_per_token", 1)
+        return len(chat.expected_cache) // scale, chat.n_ctx // scale
 
     def close(self) -> None:
         if self._idle_timer is not None:

@@ -22,25 +22,31 @@ def remote_loader(remote: Remote) -> Loader:
 
     def load(progress: ProgressCallback, cancel: threading.Event) -> ChatModel:
         from localfab.chat.prompt import PromptBuilder
-        from localfab.remote.engine import RemoteEngine
+        from localfab.remote.engine import connect
 
         progress(LoadProgress("connecting", 0.1, remote.label))
-        engine = RemoteEngine.connect(remote)
+        engine = connect(remote)
         if cancel.is_set():
             engine.close()
             raise LoadCancelled()
         facts = engine.facts
         prompts = PromptBuilder(engine)
         name = remote.model or facts.model or remote.label
-        plan = (f"remote {remote.label}", f"context {facts.n_ctx}", f"{facts.slots} slot(s)")
-        notices = (prompts.notice,) if prompts.notice else ()
+        scale = getattr(engine, "chars_per_token", 1)  # a chat API's window is in characters
+        n_ctx = engine.n_ctx // scale
+        plan = (
+            f"remote {remote.label}",
+            f"context {n_ctx}",
+            f"{getattr(facts, 'slots', 1)} slot(s)",
+        )
+        notices = tuple(n for n in (prompts.notice, getattr(engine, "window_note", "")) if n)
         info = ModelCard(
             name=name,
             path=remote.url,
-            n_ctx=facts.n_ctx,
+            n_ctx=n_ctx,
             gpu_layers=0,
             total_layers=0,
-            plan=plan + ((facts.build,) if facts.build else ()),
+            plan=plan + ((facts.build,) if getattr(facts, "build", "") else ()),
             notices=notices,
             remote=remote.label.removeprefix("http://").removeprefix("https://"),
         )

@@ -28,6 +28,10 @@ REPLY = ("Hel", "lo", " there")
 
 class FakeRemote:
     def __init__(self) -> None:
+        # "llama": llama-server's endpoints; "openai": only the OpenAI API (as Ollama or LM
+        # Studio), "vllm": that and vLLM's /version and max_model_len.
+        self.flavor = "llama"
+        self.think = False  # the chat API sends a thought (reasoning_content) first
         self.mode = "ok"
         self.n_ctx = 512
         self.requests: list[dict[str, Any]] = []
@@ -64,7 +68,16 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802
             if not self._authorized():
                 return
-            if self.path == "/props":
+            if self.path == "/version" and fake.flavor == "vllm":
+                self._json(200, {"version": "0.11.0"})
+            elif self.path == "/v1/models" and fake.flavor != "llama":
+                model: dict[str, Any] = {"id": "fake-chat", "object": "model", "owned_by": "fake"}
+                if fake.flavor == "vllm":
+                    model["max_model_len"] = fake.n_ctx
+                self._json(200, {"object": "list", "data": [model]})
+            elif self.path == "/props" and fake.flavor != "llama":
+                self._json(404, {"detail": "Not Found"})
+            elif self.path == "/props":
                 self._json(
                     200,
                     {
@@ -97,10 +110,13 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/completion":
                 fake.requests.append(body)
                 self._completion(fake.mode)
+            elif self.path == "/v1/chat/completions" and fake.flavor != "llama":
+                fake.requests.append(body)
+                self._completion(fake.mode, chat=True)
             else:
                 self._json(404, {"error": {"code": 404, "message": "File Not Found"}})
 
-        def _completion(self, mode: str) -> None:
+        def _completion(self, mode: str, *, chat: bool = False) -> None:
             if mode.isdigit():
                 headers = {"Retry-After": "7"} if mode == "429" else {}
                 message = {"503": "Loading model"}.get(mode, f"failure {mode}")
@@ -111,7 +127,7 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             try:
-                self._stream(mode)
+                self._chat_stream(mode) if chat else self._stream(mode)
             except (BrokenPipeError, ConnectionResetError):
                 fake.disconnected.set()
 
@@ -153,6 +169,29 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
             self._event(
                 {"content": "", "tokens": [], "stop": True, "stop_type": "eos", "timings": timings}
             )
+            self._chunk("")
+
+        def _chat_stream(self, mode: str) -> None:
+            def delta(**fields: str) -> dict[str, Any]:
+                return {
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": fields, "finish_reason": None}],
+                }
+
+            if fake.think:
+                self._event(delta(reasoning_content="Thinking it over."))
+            for i, text in enumerate(REPLY):
+                self._event(delta(content=text))
+                if i == 0 and mode == "drop":
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                if i == 1 and mode == "malformed":
+                    self._chunk("data: {not json\n\n")
+            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            self._event(end)
+            self._event({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3}})
+            self._chunk("data: [DONE]\n\n")
             self._chunk("")
 
     return Handler

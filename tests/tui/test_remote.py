@@ -157,3 +157,25 @@ def test_status_bar_on_a_remote_snapshot(
     history = History(tmp_path / "s.db")
     assert snap_compare(remote_app(url, history, theme), terminal_size=size, run_before=loaded)
     history.close()
+
+
+@pytest.mark.anyio
+async def test_a_chat_on_a_chat_api_server(remote: tuple[FakeRemote, str], tmp_path: Path) -> None:
+    """A server with only the OpenAI chat API: the window's estimate is said at load and
+    shown in tokens; a thought and its answer stream apart."""
+    fake, url = remote
+    fake.flavor, fake.n_ctx, fake.think = "vllm", 2048, True
+    history = History(tmp_path / "s.db")
+    app = remote_app(url, history)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot)
+        assert status(app, "model") == "fake-chat"
+        assert "2.0k" in status(app, "ctx")  # tokens, not characters
+        assert any("window is estimated" in str(n.message) for n in app._notifications)
+        await pilot.press(*"Hi", "enter")
+        await wait_for(pilot, lambda: app.chat.replies_finished == 1, seconds=30)
+        replies = [v for v in app.chat.query(MessageView) if v.role == "assistant"]
+        assert replies[-1].text == "Hello there"
+        stored = history.messages(app.chat.backend.session_id)[-1]
+        assert stored.reasoning == "Thinking it over."
+    history.close()

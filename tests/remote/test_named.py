@@ -1,0 +1,63 @@
+"""[remotes.NAME] in config.toml, and --remote as a name or a URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localfab.config import Config, default_paths
+from localfab.errors import UsageError
+from localfab.remote.client import Remote, base_url
+from localfab.remote.named import named_remotes, resolve_remote
+
+
+def _config(tmp_path: Path, text: str) -> Config:
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path)})
+    paths.config_file.parent.mkdir(parents=True, exist_ok=True)
+    paths.config_file.write_text(text)
+    return Config.load(paths, env={})
+
+
+def test_a_named_remote(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        '[remotes.box]\nurl = "https://box.lan:8080/v1"\napi_key_env = "BOX_KEY"\n'
+        'model = "qwen3-32b"\ntimeout = 60\ncontext = 32768\n',
+    )
+    box = Remote("https://box.lan:8080/v1", "box", "qwen3-32b", "BOX_KEY", 60.0, 32768)
+    assert named_remotes(config) == {"box": box}
+    assert resolve_remote("box", config) == box
+    # The command line's model and key variable win over the table's.
+    other = resolve_remote("box", config, model="gemma3-4b", api_key_env="OTHER")
+    assert (other.model, other.api_key_env, other.url) == ("gemma3-4b", "OTHER", box.url)
+    assert base_url(box.url) == "https://box.lan:8080"
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ('api_key = "sk-123"', "api_key is not kept in config.toml"),
+        ('url = "http://x"\nport = 1', "unknown key"),
+        ("timeout = 1", "needs url"),
+        ('url = "http://x"\ntimeout = -1', "timeout must be a number of seconds above 0"),
+        ('url = "http://x"\ncontext = "big"', "context must be a number of tokens"),
+        ('url = "http://x"\napi_key_env = "not a name"', "must name an environment variable"),
+    ],
+)
+def test_mistakes_in_a_table(tmp_path: Path, table: str, says: str) -> None:
+    config = _config(tmp_path, f"[remotes.box]\n{table}\n")
+    with pytest.raises(UsageError, match=says) as caught:
+        named_remotes(config)
+    assert "[remotes.box]" in str(caught.value)
+
+
+def test_a_url_or_an_unknown_name(tmp_path: Path) -> None:
+    config = _config(tmp_path, '[remotes.box]\nurl = "http://box:8080"\n')
+    assert resolve_remote("http://127.0.0.1:8080", config).url == "http://127.0.0.1:8080"
+    assert resolve_remote("127.0.0.1:8080", config).url == "127.0.0.1:8080"
+    assert base_url("127.0.0.1:8080") == "http://127.0.0.1:8080"
+    with pytest.raises(UsageError, match=r"no remote named 'boxx' .*named: box"):
+        resolve_remote("boxx", config)
+    with pytest.raises(UsageError, match="must name an environment variable"):
+        resolve_remote("box", config, api_key_env="$KEY")
