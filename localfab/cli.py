@@ -90,6 +90,11 @@ COMMANDS = {
         "mcp",
         "The MCP tool servers for the chat app: list, tools, call, import, revoke.",
     ),
+    "remote": (
+        "remote",
+        "remote",
+        "The remote model servers of config.toml: list (with their models), key (keyring).",
+    ),
     "bench": ("benchmark", "bench", "Record a labelled baseline of MODEL; chart tok/s by depth."),
 }
 

@@ -60,9 +60,10 @@ class Remote:
         return self.name or self.url
 
     def api_key(self) -> str | None:
-        """The key from the environment; a named variable that is unset is an error."""
+        """The key from the environment (a named variable that is unset is an error), else
+        the one `localfab remote key` stored in the system keyring for this remote, if any."""
         if not self.api_key_env:
-            return None
+            return keyring_key(self.label)
         key = os.environ.get(self.api_key_env, "")
         if not key:
             raise RemoteError(
@@ -70,6 +71,22 @@ class Remote:
                 f"{self.label}: export it (export {self.api_key_env}=...) and start again"
             )
         return key
+
+
+KEYRING_SERVICE = "localfab"
+
+
+def keyring_key(label: str) -> str | None:
+    """The key stored for `label` in the system keyring; None where there is none, or no
+    keyring (the `keyring` package finds the OS's: macOS Keychain, Windows Credential Locker,
+    the Secret Service on Linux desktops)."""
+    try:
+        import keyring
+        from keyring.errors import KeyringError
+
+        return keyring.get_password(KEYRING_SERVICE, label)
+    except (ImportError, KeyringError, RuntimeError):
+        return None
 
 
 def base_url(url: str) -> str:

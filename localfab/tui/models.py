@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from localfab.config import Paths
 from localfab.errors import LocalfabError
+from localfab.remote.listing import RemoteRow, remote_rows
 from localfab.tui.downloads import PullCancelled, PullQueue
 from localfab.units import format_bytes, format_context
 
@@ -61,17 +62,6 @@ class CatalogRow:
         """Whether every word of the filter is in the name, title, repo, params or note."""
         hay = " ".join((self.name, self.title, self.repo, self.params, self.note)).casefold()
         return all(word in hay for word in text.casefold().split())
-
-
-@dataclass(frozen=True)
-class RemoteRow:
-    """A model a remote server serves, as the models screen lists it; a server that could not
-    be listed is one row with no model and the reason in `detail`."""
-
-    server: str  # the remote's name ([remotes.NAME]) or URL
-    model: str
-    detail: str
-    choice: str = ""  # what the app opens for it ("model@server"; "": nothing to open)
 
 
 @runtime_checkable
@@ -257,33 +247,6 @@ class LocalModels:
         if removed.kept:
             return f"forgot {removed.name}; the file stays at {removed.kept[0]}"
         return f"removed {removed.name}, freed {format_bytes(removed.bytes_freed, precise=True)}"
-
-
-def remote_rows(label: str, remote: Remote) -> list[RemoteRow]:
-    """What one server says it serves: its models, with their context where it says it."""
-    from localfab.remote.client import RemoteClient
-
-    client = RemoteClient(remote)
-    try:
-        listed = client.get("/v1/models")
-    except LocalfabError as exc:
-        return [RemoteRow(label, "", str(exc))]
-    finally:
-        client.close()
-    data = listed.get("data") if isinstance(listed, dict) else None
-    rows = []
-    for item in data if isinstance(data, list) else []:
-        if not isinstance(item, dict) or not item.get("id"):
-            continue
-        model = str(item["id"])
-        meta = item.get("meta")
-        meta = meta if isinstance(meta, dict) else {}
-        context = item.get("max_model_len") or meta.get("n_ctx_train") or meta.get("n_ctx")
-        detail = f"context {format_context(int(context))}" if isinstance(context, int) else ""
-        owner = str(item.get("owned_by") or "")
-        detail = " · ".join(part for part in (detail, owner) if part)
-        rows.append(RemoteRow(label, model, detail, f"{model}@{label}"))
-    return rows or [RemoteRow(label, "", "the server lists no models (/v1/models)")]
 
 
 def catalog_row(c: CatalogEntry, *, local: str | None = None, kept: int = 0) -> CatalogRow:

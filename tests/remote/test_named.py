@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,21 @@ def test_a_url_or_an_unknown_name(tmp_path: Path) -> None:
         resolve_remote("boxx", config)
     with pytest.raises(UsageError, match="must name an environment variable"):
         resolve_remote("box", config, api_key_env="$KEY")
+
+
+def test_remote_list_names_each_server_and_its_models(tmp_path: Path, monkeypatch: Any) -> None:
+    from click.testing import CliRunner
+
+    from localfab.cli import cli
+    from tests.remote.fakeremote import fake_remote
+    from tests.serverproc import free_port
+
+    with fake_remote() as (_, url):
+        down = f"http://127.0.0.1:{free_port()}"
+        _config(tmp_path, f'[remotes.box]\nurl = "{url}"\n[remotes.down]\nurl = "{down}"\n')
+        monkeypatch.setenv("LOCALFAB_HOME", str(tmp_path))
+        done = CliRunner().invoke(cli, ["remote", "list"])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert lines[0] == f"box  {url}" and lines[1].startswith("  fake-7b")
+    assert lines[2] == f"down  {down}" and "is the server running" in lines[3]

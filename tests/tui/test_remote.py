@@ -15,9 +15,9 @@ from textual.widgets import DataTable
 
 from localfab.chat.history import History
 from localfab.remote.client import Remote
+from localfab.remote.listing import RemoteRow
 from localfab.tui.app import AppDeps, LocalfabApp, make_app
 from localfab.tui.local_backend import ChatOptions, LocalBackend
-from localfab.tui.models import RemoteRow
 from localfab.tui.remote_backend import remote_loader
 from localfab.tui.widgets.messages import MessageView
 from tests.remote.fakeremote import FakeRemote, fake_remote

@@ -12,8 +12,9 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from localfab.remote.listing import RemoteRow
 from localfab.textsafe import visible_controls
-from localfab.tui.models import ListsRemotes, RemoteRow
+from localfab.tui.models import ListsRemotes
 
 REMOTE_COLUMNS = (("Server", 18), ("Model", 34), ("Details", None))
 HINT = "Enter chats with the model on its server · Ctrl+R asks again"
