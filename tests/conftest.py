@@ -112,3 +112,16 @@ def _hub_reach_forgotten() -> None:
     from localfab.hub import reach
 
     reach.forget()
+
+
+@pytest.fixture(autouse=True)
+def _no_system_keyring() -> Iterator[None]:
+    """No test reads or writes the keyring of the machine it runs on (a remote's key may be
+    looked up there): an empty one stands in."""
+    import keyring
+    from keyring.backends.null import Keyring as NullKeyring
+
+    before = keyring.get_keyring()
+    keyring.set_keyring(NullKeyring())
+    yield
+    keyring.set_keyring(before)

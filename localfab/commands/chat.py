@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -128,7 +129,8 @@ def open_app(
 
     app: LocalfabApp | None = None
     remote: Remote | None = backend.get("remote")
-    first = backend_for(model or "") if model or remote else None
+    start = remote_label(remote) if remote is not None else model
+    first = backend_for(start) if start else None
     app = make_app(
         AppDeps(
             models=LocalModels(paths, known_remotes(config, backend.get("remote"))),
@@ -139,7 +141,7 @@ def open_app(
             notices=tuple(p for p in (config_problem, problem) if p),
             backend=first,
             history=history,
-            model_name=model if remote is None else remote_label(remote),
+            model_name=start,
             session_id=session_id,
             system=system,
             theme=theme or config.theme or None,
@@ -170,17 +172,13 @@ def backend_factory(
     def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
         now = current()
         tools = tool_servers(now, paths)  # the config's MCP servers
-        on_server = remote_named(name, known_remotes(now, remote))  # from the models screen
+        # `model@server`: --remote's, a saved chat's or a choice on the models screen.
+        on_server = remote_named(name, known_remotes(now, remote))
         if on_server is not None:
             from localfab.tui.remote_backend import remote_loader
 
             on = remote_loader(on_server)
             return LocalBackend(on, history, name, chat_options(now), **tools)
-        if remote is not None:  # every chat of the app runs on the server
-            from localfab.tui.remote_backend import remote_loader
-
-            on = remote_loader(remote)
-            return LocalBackend(on, history, remote_label(remote), chat_options(now), **tools)
         if serving is not None:  # the model is loaded by a server in this process
             from localfab.commands.chat_serve import serving_loader
             from localfab.tui.remote_backend import remote_loader
@@ -214,18 +212,26 @@ def known_remotes(config: Config, remote: Remote | None) -> dict[str, Remote]:
 
 
 def remote_named(name: str, remotes: dict[str, Remote]) -> Remote | None:
-    """The remote a models-screen choice `model@server` names (None: a local model's name)."""
+    """The remote `model@server` names (`@server`: the server's own model), where the server
+    is a known remote or a URL; None for a local model's name."""
     import dataclasses
 
+    from localfab.remote.client import Remote
+
     model, at, label = name.rpartition("@")
-    if not at or label not in remotes:
+    if not at:
         return None
-    return dataclasses.replace(remotes[label], model=model)
+    if label in remotes:
+        return dataclasses.replace(remotes[label], model=model or remotes[label].model)
+    if label.startswith(("http://", "https://")):
+        return Remote(label, model=model)
+    return None
 
 
 def remote_label(remote: Remote) -> str:
-    """How a chat on a remote is stored and shown: its model at the server."""
-    return f"{remote.model}@{remote.label}" if remote.model else remote.label
+    """How a chat on a remote is named, stored and reopened: `model@server` (`@server`: the
+    server's own model)."""
+    return f"{remote.model}@{remote.label}"
 
 
 def chat_options(config: Config) -> ChatOptions:
@@ -354,8 +360,16 @@ def serving_from_options(
     if remote is not None:
         raise UsageError("--serve shares a model loaded here; with --remote none is")
     from localfab.commands.chat_serve import serve_address
+    from localfab.commands.serve import is_loopback
 
-    return serve_address(serve_at), parallel
+    host, port = serve_address(serve_at)
+    if not is_loopback(host) and not os.environ.get("LLAMA_API_KEY"):
+        raise UsageError(
+            f"--serve {host}:{port} would let anyone who can reach this machine use the model: "
+            "set LLAMA_API_KEY (the server then asks every client for it), or serve on "
+            "127.0.0.1"
+        )
+    return (host, port), parallel
 
 
 def remote_from_options(

@@ -43,15 +43,23 @@ def list_remotes() -> None:
 @click.argument("name")
 @click.option("--delete", is_flag=True, help="Remove the stored key instead.")
 def key(name: str, delete: bool) -> None:
-    """Store the API key of remote NAME (a [remotes.NAME] or a URL) in the system keyring,
-    asked without echo; it is used when no api_key_env names one."""
+    """Store the API key of remote NAME (a [remotes.NAME] of config.toml) in the system
+    keyring, asked without echo; it is used when the table names no api_key_env."""
     try:
         import keyring
         from keyring.errors import KeyringError, PasswordDeleteError
     except ImportError as exc:  # a dependency, but a packager may leave it out
         raise UsageError("the keyring package is not installed: use api_key_env") from exc
+    from localfab.config import Config, default_paths
     from localfab.remote.client import KEYRING_SERVICE
+    from localfab.remote.named import named_remotes
 
+    paths = default_paths()
+    if not delete and name not in named_remotes(Config.load(paths), str(paths.config_file)):
+        raise UsageError(
+            f"no [remotes.{name}] in {paths.config_file}: add it (url = ...) first; a key is "
+            "kept for a named remote"
+        )
     try:
         if delete:
             try:

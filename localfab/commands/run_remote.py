@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
     from localfab.config import Config, Paths
     from localfab.engine.types import SpecSettings
-    from localfab.remote.engine import RemoteEngine
     from localfab.runtime import ModelChoice
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,7 +44,7 @@ def remote_options(f: F) -> F:
 class RemoteLoaded:
     """What `run` needs of a loaded model, from a remote server."""
 
-    engine: RemoteEngine
+    engine: Any  # remote.engine.RemoteEngine or remote.chat_api.ChatApiEngine
     prompts: PromptBuilder
     notices: list[str] = field(default_factory=list)
 
@@ -62,7 +61,7 @@ def open_remote(
     """Connect to the server --remote names; `refused`: options that only apply to a model
     loaded here (given ones are an error that says so)."""
     from localfab.chat.prompt import PromptBuilder
-    from localfab.remote.engine import RemoteEngine
+    from localfab.remote.engine import connect
     from localfab.remote.named import resolve_remote
 
     given = [name for name, value in refused.items() if value not in (None, False, ())]
@@ -75,9 +74,14 @@ def open_remote(
         model=None if model in SERVERS_OWN else model,
         api_key_env=remote_flags["api_key_env"],
     )
-    engine = RemoteEngine.connect(remote)
-    prompts = PromptBuilder(engine)
-    return RemoteLoaded(engine, prompts, [prompts.notice] if prompts.notice else [])
+    engine = connect(remote)  # a llama-server, else an OpenAI chat API
+    try:
+        prompts = PromptBuilder(engine)
+    except BaseException:
+        engine.close()
+        raise
+    notes = [n for n in (prompts.notice, getattr(engine, "window_note", "")) if n]
+    return RemoteLoaded(engine, prompts, notes)
 
 
 def open_for_run(

@@ -64,13 +64,34 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read(path: Path) -> RunningServer | None:
+    """A record, if it is one (anything else in the folder is ignored)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        server = RunningServer(**raw)
+    except (OSError, ValueError, TypeError):
+        return None
+    kinds = (int, str, str, str, bool)
+    values = (server.pid, server.url, server.model_path, server.model, server.keyed)
+    if not all(
+        isinstance(v, k) and not (k is int and isinstance(v, bool))
+        for v, k in zip(values, kinds, strict=True)
+    ):
+        return None
+    return server
+
+
+def _loopback(url: str) -> bool:
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def running_servers(paths: Paths) -> list[RunningServer]:
     """The servers whose process still runs (stale records are removed)."""
     out = []
     for path in sorted(_folder(paths).glob("*.json")):
-        try:
-            server = RunningServer(**json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
+        server = _read(path)
+        if server is None:
             continue
         if _alive(server.pid) and server.pid != os.getpid():
             out.append(server)
@@ -80,12 +101,29 @@ def running_servers(paths: Paths) -> list[RunningServer]:
 
 
 def server_with(paths: Paths, model_path: Path) -> RunningServer | None:
-    """A running server that holds `model_path` (the same file), if any."""
+    """A running server on this machine (a loopback URL) that holds `model_path`, as its
+    record says and its own /props confirms (a pid reused by another process, or a record
+    written by something else, is not offered)."""
     for server in running_servers(paths):
         with contextlib.suppress(OSError):
-            if Path(server.model_path).samefile(model_path):
+            if not _loopback(server.url) or not Path(server.model_path).samefile(model_path):
+                continue
+            if _serves(server.url, model_path, keyed=server.keyed):
                 return server
     return None
+
+
+def _serves(url: str, model_path: Path, *, keyed: bool) -> bool:
+    """Whether the server at `url` answers that it holds `model_path` (within a second)."""
+    import httpx2
+
+    key = os.environ.get("LLAMA_API_KEY", "") if keyed else ""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        props = httpx2.get(url + "/props", timeout=1.0, headers=headers).json()
+        return Path(str(props.get("model_path", ""))).samefile(model_path)
+    except (httpx2.HTTPError, ValueError, AttributeError, OSError):
+        return False
 
 
 def offer_attach(model: str | None, paths: Paths, attach: bool | None) -> Remote | None:

@@ -73,10 +73,14 @@ def read_api_facts(client: RemoteClient) -> ApiFacts:
     )
     if not models and not remote.model:
         raise RemoteError(f"{remote.label} lists no models (/v1/models): name one with MODEL")
-    chosen = next((m for m in models if m["id"] == remote.model), None)
+    # Ollama lists `llama3.2:latest` for `llama3.2`.
+    wanted = (remote.model, f"{remote.model}:latest")
+    chosen = next((m for m in models if m["id"] in wanted), None)
+    names = ", ".join(str(m["id"]) for m in models[:8]) + (" ..." if len(models) > 8 else "")
     if remote.model and chosen is None and models:
-        names = ", ".join(str(m["id"]) for m in models[:8])
         raise RemoteError(f"{remote.label} has no model {remote.model!r}; it serves: {names}")
+    if not remote.model and len(models) > 1:
+        raise RemoteError(f"{remote.label} serves several models: name one ({names})")
     entry = chosen or (models[0] if models else {})
     context = (
         entry.get("max_model_len") or entry.get("max_context_length") or entry.get("context_length")
@@ -90,7 +94,7 @@ def read_api_facts(client: RemoteClient) -> ApiFacts:
         context = remote.context  # the person's word wins where the server says none
     known = isinstance(context, int) and context > 0
     return ApiFacts(
-        model=remote.model or str(entry.get("id", "")),
+        model=str(entry.get("id", "")) or remote.model,
         context=int(context) if known else DEFAULT_CONTEXT,  # type: ignore[arg-type]
         context_known=known,
         vllm=vllm,
@@ -112,6 +116,7 @@ class ChatApiEngine:
         self.client = client
         self.facts = facts
         self.n_ctx = facts.context * CHARS_PER_TOKEN
+        self.slot_ctx = facts.context  # tokens, as the app shows the window
         self.continues = facts.vllm
         self.continue_problem = (
             f"{client.remote.label} cannot continue a reply seamlessly: its chat API has no "
@@ -195,6 +200,11 @@ class ChatApiEngine:
             raise UsageError(
                 f"tools through {self.client.remote.label}'s chat API are not supported yet: "
                 "turn the chat's tools off (F5)"
+            )
+        if not any(t >= SPECIAL_BASE for t in prompt):
+            raise UsageError(
+                f"{self.client.remote.label} takes messages only (the OpenAI chat API): text "
+                "completion (--raw) needs a llama-server or localfab serve"
             )
         messages, open_reply = read_turns(prompt)
         if not messages:

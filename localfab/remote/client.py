@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import socket
 import threading
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ import httpx2
 
 from localfab.errors import LocalfabError
 
+# How often a stream's reader looks at its cancel event (seconds).
+CANCEL_POLL = 0.05
 # Seconds to connect, and the longest wait for the next bytes of an answer (a prompt of
 # thousands of tokens on a busy server can take minutes before its first token).
 CONNECT_TIMEOUT = 10.0
@@ -54,23 +57,29 @@ class Remote:
     api_key_env: str = ""
     timeout: float = READ_TIMEOUT
     context: int = 0  # tokens, for a chat API that says none (0: ask the server)
+    keyring: bool = False  # a remote of config.toml: its key may be in the system keyring
 
     @property
     def label(self) -> str:
         return self.name or self.url
 
     def api_key(self) -> str | None:
-        """The key from the environment (a named variable that is unset is an error), else
-        the one `localfab remote key` stored in the system keyring for this remote, if any."""
+        return self.api_key_and_source()[0]
+
+    def api_key_and_source(self) -> tuple[str | None, str]:
+        """The key from the environment (a named variable that is unset is an error), else,
+        for a remote of config.toml, the one `localfab remote key NAME` stored in the system
+        keyring; and where it came from ("env", "keyring", "": none)."""
         if not self.api_key_env:
-            return keyring_key(self.label)
+            key = keyring_key(self.name) if self.keyring and self.name else None
+            return key, "keyring" if key else ""
         key = os.environ.get(self.api_key_env, "")
         if not key:
             raise RemoteError(
                 f"the environment variable {self.api_key_env} holds no API key for "
                 f"{self.label}: export it (export {self.api_key_env}=...) and start again"
             )
-        return key
+        return key, "env"
 
 
 KEYRING_SERVICE = "localfab"
@@ -103,12 +112,13 @@ class RemoteClient:
 
     remote: Remote
     _http: httpx2.Client | None = field(default=None, repr=False)
+    keyed: str = ""  # where the key sent came from: "env", "keyring" or "" (none sent)
 
     @property
     def http(self) -> httpx2.Client:
         if self._http is None:
             headers = {"User-Agent": "localfab"}
-            key = self.remote.api_key()
+            key, self.keyed = self.remote.api_key_and_source()
             if key:
                 headers["Authorization"] = f"Bearer {key}"
             timeout = httpx2.Timeout(self.remote.timeout, connect=CONNECT_TIMEOUT)
@@ -134,7 +144,9 @@ class RemoteClient:
         except httpx2.HTTPError as exc:
             raise self._unreachable(exc, path) from exc
         if response.status_code >= 400:
-            raise status_error(self.remote, path, response.status_code, response.text, response)
+            raise status_error(
+                self.remote, path, response.status_code, response.text, response, keyed=self.keyed
+            )
         try:
             return response.json()
         except ValueError as exc:
@@ -148,36 +160,49 @@ class RemoteClient:
     ) -> Iterator[dict[str, Any]]:
         """The JSON objects of a server-sent event stream, to its `[DONE]` or its end.
 
-        Setting `cancel` closes the connection at once (the server stops generating); the
-        iterator then ends without an error. A stream cut short raises a `RemoteError` with
+        The stream is read by a thread of its own, so setting `cancel` ends the iterator within
+        a few milliseconds whatever the server is doing (queueing the request, processing a
+        long prompt): the connection is then closed, at once or as soon as the server answers,
+        and the server stops generating. A stream cut short raises a `RemoteError` with
         `dropped` set."""
-        label = self.remote.label
+        reader = _StreamReader(self, path, body)
         try:
-            with self.http.stream("POST", path, json=body) as response:
-                if response.status_code >= 400:
-                    text = response.read().decode("utf-8", "replace")
-                    raise status_error(self.remote, path, response.status_code, text, response)
-                stop = _Hangup(response, cancel)
+            while True:
+                if cancel is not None and cancel.is_set():
+                    return  # whatever the reader still holds is not passed on
                 try:
-                    yield from _sse(response.iter_lines(), label)
-                finally:
-                    stop.done()
-        except httpx2.HTTPError as exc:
-            if cancel is not None and cancel.is_set():
-                return
-            if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
-                raise self._unreachable(exc, path) from exc
-            if isinstance(exc, httpx2.TimeoutException):
-                raise RemoteError(
-                    f"{label} sent nothing for {self.remote.timeout:.0f} s: it may be overloaded "
-                    "or stuck; the reply so far is kept (continue it later)",
-                    dropped=True,
-                ) from exc
-            raise RemoteError(
-                f"the connection to {label} dropped in the middle of the reply ({exc}); "
-                "the reply so far is kept: check the server, then continue it",
+                    kind, value = reader.items.get(timeout=CANCEL_POLL)
+                except queue.Empty:
+                    continue
+                if kind == "event":
+                    yield value
+                elif kind == "end":
+                    return
+                elif cancel is not None and cancel.is_set():
+                    return  # the hang-up's own error
+                else:
+                    raise self._stream_error(value, path)
+        finally:
+            reader.hang_up()
+
+    def _stream_error(self, exc: BaseException, path: str) -> BaseException:
+        """What a failed stream means, as a RemoteError (others are passed on as they are)."""
+        label = self.remote.label
+        if not isinstance(exc, httpx2.HTTPError):
+            return exc
+        if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
+            return self._unreachable(exc, path)
+        if isinstance(exc, httpx2.TimeoutException):
+            return RemoteError(
+                f"{label} sent nothing for {self.remote.timeout:.0f} s: it may be overloaded "
+                "or stuck; the reply so far is kept (continue it later)",
                 dropped=True,
-            ) from exc
+            )
+        return RemoteError(
+            f"the connection to {label} dropped in the middle of the reply ({exc}); "
+            "the reply so far is kept: check the server, then continue it",
+            dropped=True,
+        )
 
     def _unreachable(self, exc: Exception, path: str) -> RemoteError:
         if isinstance(exc, httpx2.TimeoutException) and not isinstance(exc, httpx2.ConnectTimeout):
@@ -192,13 +217,17 @@ class RemoteClient:
 
 
 def status_error(
-    remote: Remote, path: str, status: int, text: str, response: Any = None
+    remote: Remote, path: str, status: int, text: str, response: Any = None, *, keyed: str = ""
 ) -> RemoteError:
-    """What an HTTP error status from a model server means, in one line."""
+    """What an HTTP error status from a model server means, in one line (`keyed`: where the
+    key sent came from, "" when none was)."""
     label, said = remote.label, error_message(text)
     said_part = f": {said}" if said else ""
     if status == 401:
-        key = f"the key in ${remote.api_key_env}" if remote.api_key_env else "no API key was sent"
+        key = {
+            "env": f"the key in ${remote.api_key_env}",
+            "keyring": "the key in the system keyring",
+        }.get(keyed, "no API key was sent")
         hint = "set --api-key-env NAME (or api_key_env in [remotes.NAME]) to the variable"
         msg = f"{label} refused the request (401, {key}){said_part}; {hint} that holds its key"
     elif status == 403:
@@ -278,29 +307,56 @@ def _sse(lines: Iterator[str], label: str) -> Iterator[dict[str, Any]]:
         )
 
 
-class _Hangup:
-    """Closes a streamed response's connection when `cancel` is set (a blocked read returns at
-    once, and the server sees the client leave and frees its slot)."""
+class _StreamReader:
+    """Reads one event stream on a daemon thread into `items`: ("event", obj), ("end", None)
+    or ("error", exception). `hang_up` closes the connection (now, or as soon as the response
+    begins) and makes the thread stop."""
 
-    def __init__(self, response: httpx2.Response, cancel: threading.Event | None) -> None:
-        self._finished = threading.Event()
-        self._response = response
-        if cancel is not None:
-            threading.Thread(target=self._watch, args=(cancel,), daemon=True).start()
+    def __init__(self, client: RemoteClient, path: str, body: dict[str, Any]) -> None:
+        self.items: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._client, self._path, self._body = client, path, body
+        self._gone = threading.Event()
+        self._lock = threading.Lock()
+        self._response: httpx2.Response | None = None
+        threading.Thread(target=self._run, name="localfab-remote-stream", daemon=True).start()
 
-    def _watch(self, cancel: threading.Event) -> None:
-        while not self._finished.is_set():
-            if cancel.wait(0.05):
-                if not self._finished.is_set():
+    def _run(self) -> None:
+        client, path = self._client, self._path
+        try:
+            with client.http.stream("POST", path, json=self._body) as response:
+                with self._lock:
+                    self._response = response
+                if self._gone.is_set():
                     self._shutdown()
-                return
+                    return
+                if response.status_code >= 400:
+                    text = response.read().decode("utf-8", "replace")
+                    raise status_error(
+                        client.remote,
+                        path,
+                        response.status_code,
+                        text,
+                        response,
+                        keyed=client.keyed,
+                    )
+                for obj in _sse(response.iter_lines(), client.remote.label):
+                    if self._gone.is_set():
+                        return
+                    self.items.put(("event", obj))
+            self.items.put(("end", None))
+        except BaseException as exc:  # every failure goes to the reader of the items
+            self.items.put(("error", exc))
+
+    def hang_up(self) -> None:
+        self._gone.set()
+        with self._lock:
+            if self._response is not None:
+                self._shutdown()
 
     def _shutdown(self) -> None:
-        stream = self._response.extensions.get("network_stream")
+        response = self._response
+        stream = response.extensions.get("network_stream") if response is not None else None
         sock = stream.get_extra_info("socket") if stream is not None else None
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-
-    def done(self) -> None:
-        self._finished.set()

@@ -11,22 +11,14 @@ cannot shift it (`can_shift` is False; a moved window is processed again there).
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from localfab.engine.thought import ThoughtStep
-from localfab.engine.toolcalls import ToolStep
 from localfab.engine.types import (
     Done,
-    FinishReason,
     GenerationOptions,
-    SamplingParams,
-    StopType,
-    Timings,
     TokenEvent,
 )
 from localfab.errors import ContextOverflow, UsageError
@@ -93,7 +85,10 @@ class RemoteEngine:
     def __init__(self, client: RemoteClient, facts: ServerFacts) -> None:
         self.client = client
         self.facts = facts
-        self.n_ctx = facts.n_ctx
+        # One cell below the slot's: llama-server ends a reply a cell before the local engine
+        # would, and the session moves its window when this many are held.
+        self.n_ctx = facts.n_ctx - 1
+        self.slot_ctx = facts.n_ctx  # the window as the server states it
         self._tokens: OrderedDict[tuple[str, bool, bool], list[int]] = OrderedDict()
         self._pieces: dict[int, bytes] = {}
         self.bos_token = self._single(facts.bos_text)
@@ -154,6 +149,42 @@ class RemoteEngine:
             self._tokens.popitem(last=False)
         return list(tokens)
 
+    def learn(self, tokens: Sequence[int]) -> None:
+        """Ask the server once for the pieces of the tokens not known here yet."""
+        unknown = sorted({t for t in tokens if t >= 0 and t not in self._pieces})
+        if not unknown:
+            return
+        reply = self.client.post("/tokenize", {"content": unknown, "with_pieces": True})
+        for item in reply.get("tokens", []) if isinstance(reply, dict) else []:
+            if isinstance(item, dict):
+                piece = item.get("piece", "")
+                self._pieces[int(item["id"])] = (
+                    piece.encode("utf-8") if isinstance(piece, str) else bytes(piece)
+                )
+
+    def settle(self, tokens: list[int], text: str, stop_type: str) -> list[int]:
+        """The token ids of a streamed reply as they spell its text exactly: without the
+        end-of-generation token llama-server sends last, and without the tokens of a character
+        cut in two at the end (its text was held back; a continuation writes it again). Where
+        the streamed ids do not spell the text (llama-server leaves out the ids of tokens that
+        end inside a character), the text is tokenized instead."""
+        self.learn(tokens)
+        want = text.encode("utf-8")
+        spelled = b"".join(self._pieces.get(t, b"") for t in tokens)
+        if spelled == want:
+            return tokens
+        if stop_type == "eos" and tokens and spelled.endswith(self._pieces.get(tokens[-1], b"")):
+            head = spelled[: len(spelled) - len(self._pieces.get(tokens[-1], b""))]
+            if head == want:
+                return tokens[:-1]
+        if spelled.startswith(want):  # a character cut in two at the end
+            kept = list(tokens)
+            while kept and b"".join(self._pieces.get(t, b"") for t in kept) != want:
+                kept.pop()
+            if b"".join(self._pieces.get(t, b"") for t in kept) == want:
+                return kept
+        return self.tokenize(text, add_special=False, parse_special=False) if text else []
+
     def token_bytes(self, token: int, *, special: bool = True) -> bytes:
         if token < 0:  # no such token (a server whose model has no BOS or EOS)
             return b""
@@ -193,165 +224,9 @@ class RemoteEngine:
             raise UsageError("the prompt is empty")
         if len(prompt) >= self.n_ctx:
             raise ContextOverflow(len(prompt), self.n_ctx)
-        return _RemoteReply(self, list(prompt), options).run()
+        from localfab.remote.reply import RemoteReply
 
-
-def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
-    """A request's sampling settings in llama-server's `/completion` fields."""
-    fields: dict[str, Any] = {
-        "temperature": sampling.temperature,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "repeat_penalty": sampling.repeat_penalty,
-        "repeat_last_n": sampling.repeat_last_n,
-        "frequency_penalty": sampling.frequency_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "seed": sampling.seed,
-        "ignore_eos": sampling.ignore_eos,
-    }
-    # A lazy grammar (tool calls the model may or may not make) is left out: not every such
-    # server takes its triggers, and a grammar held from the first token would force a call.
-    # The reply's calls are still read from its text.
-    if sampling.grammar and not sampling.grammar_triggers:
-        fields["grammar"] = sampling.grammar
-    if sampling.logit_bias:
-        fields["logit_bias"] = [[tok, bias] for tok, bias in sampling.logit_bias]
-    return fields
-
-
-_FINISH: dict[str, tuple[FinishReason, StopType]] = {
-    "eos": ("stop", "eos"),
-    "word": ("stop", "word"),
-    "limit": ("length", "limit"),
-}
-
-
-class _RemoteReply:
-    """One reply streamed from the server, re-asked after a window that filled and moved."""
-
-    def __init__(self, engine: RemoteEngine, prompt: list[int], options: GenerationOptions):
-        self.engine = engine
-        self.prompt = prompt
-        self.n_prompt = len(prompt)
-        self.opts = options
-        self.generated: list[int] = []
-        self.texts: list[str] = []
-        self.thought = ThoughtStep(options.thinking) if options.thinking is not None else None
-        self.tools = ToolStep(options.tools) if options.tools is not None else None
-        self.t_start = time.perf_counter()
-        self.t_first = 0.0
-        self.timings: dict[str, Any] = {}
-        self.stopping_word = ""
-
-    def run(self) -> Iterator[TokenEvent | Done]:
-        opts, cancel = self.opts, self.opts.cancel or threading.Event()
-        finish: tuple[FinishReason, StopType] = ("length", "limit")
-        while True:
-            room = self.engine.n_ctx - len(self.prompt) - 1
-            left = -1 if opts.max_tokens < 0 else opts.max_tokens - len(self.generated)
-            n_predict = room if left < 0 else min(left, room)
-            stop_type = ""
-            for chunk in self.engine.client.events("/completion", self._body(n_predict), cancel):
-                event = self._take(chunk)
-                if event is not None:
-                    yield event
-                if chunk.get("stop") is True:
-                    stop_type = str(chunk.get("stop_type") or "limit")
-                    self.timings = chunk.get("timings") or {}
-                    self.stopping_word = str(chunk.get("stopping_word") or "")
-            if cancel.is_set():
-                finish = ("cancelled", "cancel")
-                break
-            finish = _FINISH.get(stop_type, ("length", "limit"))
-            full = stop_type == "limit" and (left < 0 or left > room)
-            if not full:
-                break
-            moved = opts.on_context_full(list(self.generated)) if opts.on_context_full else None
-            if moved is None:
-                finish = ("length", "context")
-                break
-            self.prompt = list(moved)  # the window moved: the reply goes on after it
-        yield from self._finish(*finish)
-
-    def _body(self, n_predict: int) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "prompt": self.prompt + self.generated if self.generated else self.prompt,
-            "n_predict": n_predict,
-            "stream": True,
-            "return_tokens": True,
-            "cache_prompt": True,
-            "stop": list(self.opts.stop),
-            **sampling_fields(self.opts.sampling),
-        }
-        if self.engine.client.remote.model:
-            body["model"] = self.engine.client.remote.model
-        return body
-
-    def _take(self, chunk: dict[str, Any]) -> TokenEvent | None:
-        tokens = [int(t) for t in chunk.get("tokens") or ()]
-        text = str(chunk.get("content") or "")
-        if not tokens and not text:
-            return None
-        if not self.t_first:
-            self.t_first = time.perf_counter()
-        self.generated.extend(tokens)
-        self.texts.append(text)
-        token = tokens[-1] if tokens else (self.generated[-1] if self.generated else -1)
-        thought, tools = self.thought, self.tools
-        if thought is None and tools is None:
-            return TokenEvent(token, text)
-        parts: tuple[tuple[str, str], ...] = (
-            thought.take(text, whole=True) if thought else (("content", text),)
-        )
-        if tools is None:
-            return TokenEvent(token, text, None, parts)
-        split, calls = tools.take(parts)
-        return TokenEvent(token, text, None, split, calls)
-
-    def _finish(self, finish: FinishReason, stop_type: StopType) -> Iterator[TokenEvent | Done]:
-        thought, tools = self.thought, self.tools
-        last = self.generated[-1] if self.generated else -1
-        if thought is not None or tools is not None:
-            parts: tuple[tuple[str, str], ...] = thought.finish("") if thought else ()
-            calls: tuple[Any, ...] = ()
-            if tools is not None:
-                parts, calls = tools.take(parts, final=True)
-            if parts or calls:
-                yield TokenEvent(last, "", None, parts, calls)
-        t = self.timings
-        now = time.perf_counter()
-        t_first = self.t_first or now
-        n_cached = int(t.get("cache_n", 0) or 0)
-        timings = Timings(
-            cache_n=n_cached,
-            prompt_n=int(t.get("prompt_n", self.n_prompt - n_cached) or 0),
-            prompt_ms=float(t.get("prompt_ms", 0.0) or 0.0),
-            predicted_n=int(t.get("predicted_n", len(self.generated)) or 0),
-            predicted_ms=float(t.get("predicted_ms", (now - t_first) * 1e3) or 0.0),
-            ttft_ms=(t_first - self.t_start) * 1e3,
-        )
-        done = Done(
-            text="".join(self.texts),
-            finish_reason=finish,
-            stop_type=stop_type,
-            tokens=tuple(self.generated),
-            timings=timings,
-            prompt_tokens=self.n_prompt,
-            stopping_word=self.stopping_word,
-        )
-        if thought is not None:
-            split = thought.split
-            done = replace(
-                done,
-                reasoning=split.reasoning,
-                content=split.content,
-                reasoning_tokens=thought.n_reasoning,
-                in_reasoning=split.state == "reasoning",
-            )
-        if tools is not None:
-            done = replace(done, content=tools.parser.content, tool_calls=tuple(tools.parser.calls))
-        yield done
+        return RemoteReply(self, list(prompt), options).run()
 
 
 def connect(remote: Remote) -> Any:

@@ -26,6 +26,18 @@ _KEYS = {"url", "api_key_env", "model", "timeout", "context"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def check_url(url: str, where: str) -> str:
+    """`url` as given, unless it carries a password (it would be shown and stored)."""
+    netloc = url.split("://", 1)[-1].split("/", 1)[0]
+    if "@" in netloc:
+        raise UsageError(
+            f"{where}: a URL with a user or password ({netloc.split('@')[-1]}) would be shown and "
+            "stored with every chat; put the key in an environment variable and name it with "
+            "api_key_env (--api-key-env)"
+        )
+    return url
+
+
 def named_remotes(config: Config, where: str = "config.toml") -> dict[str, Remote]:
     """Every `[remotes.NAME]` table, checked: a mistake is a UsageError naming the table."""
     out: dict[str, Remote] = {}
@@ -62,7 +74,8 @@ def _remote(name: str, table: Any, where: str) -> Remote:
     context = table.get("context", 0)
     if isinstance(context, bool) or not isinstance(context, int) or context < 0:
         raise UsageError(f"{where}: context must be a number of tokens")
-    return Remote(url.strip(), name, model, key_env, float(timeout), context)
+    url = check_url(url.strip(), where)
+    return Remote(url, name, model, key_env, float(timeout), context, keyring=True)
 
 
 def resolve_remote(
@@ -79,7 +92,7 @@ def resolve_remote(
                 f"no remote named {spec!r} in config.toml ([remotes.NAME]; named: {known}), and "
                 "it is not a URL such as http://host:8080"
             )
-        remote = Remote(spec.strip())
+        remote = Remote(check_url(spec.strip(), "--remote"))
     if api_key_env is not None:
         if api_key_env and not _ENV_NAME.match(api_key_env):
             raise UsageError(

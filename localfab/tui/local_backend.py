@@ -351,9 +351,11 @@ class LocalBackend(ToolUse):
         if chat is None:
             info = self._loaded.info if self._loaded else None
             return 0, info.n_ctx if info else 0
-        # A chat API's window is counted in characters: shown in (estimated) tokens.
+        # A remote's window is shown as its server's slot (a chat API's is counted in
+        # characters here: shown in estimated tokens).
         scale = getattr(chat.engine, "chars_per_token", 1)
-        return len(chat.expected_cache) // scale, chat.n_ctx // scale
+        total = getattr(chat.engine, "slot_ctx", 0) or chat.n_ctx // scale
+        return len(chat.expected_cache) // scale, total
 
     def close(self) -> None:
         if self._idle_timer is not None:

@@ -33,7 +33,10 @@ class FakeRemote:
         self.flavor = "llama"
         self.think = False  # the chat API sends a thought (reasoning_content) first
         self.mode = "ok"
+        self.chunks: list[str] = list(REPLY)  # the reply /completion streams
         self.n_ctx = 512
+        self.model_path = "/models/fake-7b.gguf"
+        self.models = ["fake-chat"]  # what an OpenAI-only server lists
         self.requests: list[dict[str, Any]] = []
         self.key: str | None = None  # when set, requests must carry it (else 401)
         self.disconnected = threading.Event()  # a client closed a stream early
@@ -71,10 +74,13 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
             if self.path == "/version" and fake.flavor == "vllm":
                 self._json(200, {"version": "0.11.0"})
             elif self.path == "/v1/models" and fake.flavor != "llama":
-                model: dict[str, Any] = {"id": "fake-chat", "object": "model", "owned_by": "fake"}
-                if fake.flavor == "vllm":
-                    model["max_model_len"] = fake.n_ctx
-                self._json(200, {"object": "list", "data": [model]})
+                listed = []
+                for name in fake.models:
+                    model: dict[str, Any] = {"id": name, "object": "model", "owned_by": "fake"}
+                    if fake.flavor == "vllm":
+                        model["max_model_len"] = fake.n_ctx
+                    listed.append(model)
+                self._json(200, {"object": "list", "data": listed})
             elif self.path == "/props" and fake.flavor != "llama":
                 self._json(404, {"detail": "Not Found"})
             elif self.path == "/props":
@@ -85,7 +91,7 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
                         "chat_template": TEMPLATE,
                         "bos_token": "",
                         "eos_token": "",
-                        "model_path": "/models/fake-7b.gguf",
+                        "model_path": fake.model_path,
                         "total_slots": 1,
                         "build_info": "fake",
                     },
@@ -102,6 +108,8 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
                 return
             if self.path == "/tokenize":
                 content = body.get("content", "")
+                if isinstance(content, list):  # token ids: their pieces
+                    content = "".join(chr(t) for t in content)
                 pieces = fake.pieces(content)
                 tokens = pieces if body.get("with_pieces") else [p["id"] for p in pieces]
                 self._json(200, {"tokens": tokens})
@@ -109,14 +117,14 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
                 self._json(200, {"content": "".join(chr(t) for t in body.get("tokens", []))})
             elif self.path == "/completion":
                 fake.requests.append(body)
-                self._completion(fake.mode)
+                self._completion(fake.mode, n_predict=int(body.get("n_predict", -1)))
             elif self.path == "/v1/chat/completions" and fake.flavor != "llama":
                 fake.requests.append(body)
                 self._completion(fake.mode, chat=True)
             else:
                 self._json(404, {"error": {"code": 404, "message": "File Not Found"}})
 
-        def _completion(self, mode: str, *, chat: bool = False) -> None:
+        def _completion(self, mode: str, *, chat: bool = False, n_predict: int = -1) -> None:
             if mode.isdigit():
                 headers = {"Retry-After": "7"} if mode == "429" else {}
                 message = {"503": "Loading model"}.get(mode, f"failure {mode}")
@@ -127,7 +135,7 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             try:
-                self._chat_stream(mode) if chat else self._stream(mode)
+                self._chat_stream(mode) if chat else self._stream(mode, n_predict)
             except (BrokenPipeError, ConnectionResetError):
                 fake.disconnected.set()
 
@@ -139,11 +147,16 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
         def _event(self, obj: dict[str, Any], field: str = "data") -> None:
             self._chunk(f"{field}: {json.dumps(obj)}\n\n")
 
-        def _stream(self, mode: str) -> None:
-            for i, text in enumerate(REPLY):
+        def _stream(self, mode: str, n_predict: int) -> None:
+            """The reply's chunks, one token per character, cut at n_predict (stop "limit")."""
+            left = n_predict if n_predict >= 0 else 1 << 30
+            for i, whole in enumerate(fake.chunks):
+                text = whole[:left]
+                left -= len(text)
                 if mode == "slow":
                     time.sleep(0.3)
-                self._event({"content": text, "tokens": [ord(c) for c in text], "stop": False})
+                if text:
+                    self._event({"content": text, "tokens": [ord(c) for c in text], "stop": False})
                 if i == 0 and mode == "drop":
                     self.wfile.flush()
                     self.connection.shutdown(2)
@@ -159,15 +172,26 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
                     elif mode == "truncated":
                         self._chunk("")
                         return
+                if left <= 0:
+                    break
+            n = (n_predict if n_predict >= 0 else 1 << 30) - left
             timings = {
                 "cache_n": 0,
                 "prompt_n": 9,
                 "prompt_ms": 4.0,
-                "predicted_n": 3,
+                "predicted_n": n,
                 "predicted_ms": 6.0,
             }
+            stop_type = "limit" if left <= 0 else "eos"
             self._event(
-                {"content": "", "tokens": [], "stop": True, "stop_type": "eos", "timings": timings}
+                {
+                    "content": "",
+                    "tokens": [],
+                    "stop": True,
+                    "stop_type": stop_type,
+                    "tokens_predicted": n,
+                    "timings": timings,
+                }
             )
             self._chunk("")
 

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from localfab.commands.running import (
 )
 from localfab.config import default_paths
 from tests.conftest import LOCALFAB
+from tests.remote.fakeremote import fake_remote
 from tests.serverproc import serve
 
 
@@ -39,7 +41,13 @@ def test_records_of_live_servers_only(tmp_path: Path, other_process: int) -> Non
     paths = default_paths({"LOCALFAB_HOME": str(tmp_path)})
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    live = RunningServer(other_process, "http://127.0.0.1:9", str(model), "m", keyed=False)
+    with fake_remote() as (fake, url):
+        fake.model_path = str(model)
+        live = RunningServer(other_process, url, str(model), "m", keyed=False)
+        _check_records(paths, model, live)
+
+
+def _check_records(paths: Any, model: Path, live: RunningServer) -> None:
     gone = RunningServer(2**22 + 7, "http://127.0.0.1:8", str(model), "m", keyed=False)
     kept = record_server(paths, live)
     stale = record_server(paths, gone)
@@ -47,14 +55,30 @@ def test_records_of_live_servers_only(tmp_path: Path, other_process: int) -> Non
     assert running_servers(paths) == [live]
     assert not stale.exists()  # a record whose process is gone is removed
     assert server_with(paths, model) == live
-    assert server_with(paths, tmp_path / "other.gguf") is None
+    assert server_with(paths, model.with_name("other.gguf")) is None
     # Asked on a terminal only: here (no terminal) the model loads as before, unless --attach.
     assert offer_attach(str(model), paths, None) is None
     remote = offer_attach(str(model), paths, True)
-    assert remote is not None and remote.url == "http://127.0.0.1:9"
+    assert remote is not None and remote.url == live.url
     assert offer_attach(str(model), paths, False) is None
     forget_server(kept)
     assert running_servers(paths) == []
+
+
+def test_records_that_are_not_offered(tmp_path: Path, other_process: int) -> None:
+    """Malformed records, a URL off this machine, and a server that holds another model."""
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path)})
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    folder = paths.cache_dir / "servers"
+    folder.mkdir(parents=True)
+    (folder / "1.json").write_text('{"pid": "1", "url": 2}')
+    (folder / "2.json").write_text("not json")
+    record_server(paths, RunningServer(other_process, "http://10.1.2.3:80", str(model), "m", False))
+    with fake_remote() as (fake, url):  # it says it holds another file
+        record_server(paths, RunningServer(other_process + 0, url, str(model), "m", False))
+        assert server_with(paths, model) is None
+        assert offer_attach(str(model), paths, True) is None
 
 
 def test_a_server_that_wants_a_key_this_process_lacks(
@@ -63,12 +87,14 @@ def test_a_server_that_wants_a_key_this_process_lacks(
     paths = default_paths({"LOCALFAB_HOME": str(tmp_path)})
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    record_server(paths, RunningServer(other_process, "http://127.0.0.1:9", str(model), "m", True))
-    monkeypatch.delenv("LLAMA_API_KEY", raising=False)
-    assert offer_attach(str(model), paths, True) is None
-    monkeypatch.setenv("LLAMA_API_KEY", "k")
-    remote = offer_attach(str(model), paths, True)
-    assert remote is not None and remote.api_key_env == "LLAMA_API_KEY"
+    with fake_remote() as (fake, url):
+        fake.model_path, fake.key = str(model), "k"
+        record_server(paths, RunningServer(other_process, url, str(model), "m", True))
+        monkeypatch.delenv("LLAMA_API_KEY", raising=False)
+        assert offer_attach(str(model), paths, True) is None
+        monkeypatch.setenv("LLAMA_API_KEY", "k")
+        remote = offer_attach(str(model), paths, True)
+        assert remote is not None and remote.api_key_env == "LLAMA_API_KEY"
 
 
 @pytest.mark.model

@@ -170,3 +170,13 @@ def test_a_configured_context_wins(remote: tuple[FakeRemote, str], opened: list[
     opened.append(engine)
     assert engine.n_ctx == 8192 * CHARS_PER_TOKEN
     assert "8192 tokens (as configured)" in engine.window_note
+
+
+def test_model_names_as_ollama_and_hosted_apis_list_them(remote: tuple[FakeRemote, str]) -> None:
+    fake, url = remote
+    fake.models = ["llama3.2:latest", "qwen3:8b"]
+    engine = connect(Remote(url, model="llama3.2"))  # Ollama's :latest
+    engine.close()
+    assert engine.facts.model == "llama3.2:latest"
+    with pytest.raises(RemoteError, match=r"serves several models: name one \(llama3.2:latest"):
+        connect(Remote(url))

@@ -142,7 +142,7 @@ def test_a_wrong_key_and_a_right_one(
     with pytest.raises(RemoteError, match=r"401, the key in \$FAKE_KEY"):
         RemoteEngine.connect(Remote(url, api_key_env="FAKE_KEY"))
     monkeypatch.setenv("FAKE_KEY", "sesame")
-    assert _connect(url, api_key_env="FAKE_KEY").n_ctx == 512
+    assert _connect(url, api_key_env="FAKE_KEY").facts.n_ctx == 512
     monkeypatch.delenv("FAKE_KEY")
     with pytest.raises(RemoteError, match=r"FAKE_KEY holds no API key .*\(export FAKE_KEY=...\)"):
         RemoteEngine.connect(Remote(url, api_key_env="FAKE_KEY"))

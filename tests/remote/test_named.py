@@ -26,7 +26,7 @@ def test_a_named_remote(tmp_path: Path) -> None:
         '[remotes.box]\nurl = "https://box.lan:8080/v1"\napi_key_env = "BOX_KEY"\n'
         'model = "qwen3-32b"\ntimeout = 60\ncontext = 32768\n',
     )
-    box = Remote("https://box.lan:8080/v1", "box", "qwen3-32b", "BOX_KEY", 60.0, 32768)
+    box = Remote("https://box.lan:8080/v1", "box", "qwen3-32b", "BOX_KEY", 60.0, 32768, True)
     assert named_remotes(config) == {"box": box}
     assert resolve_remote("box", config) == box
     # The command line's model and key variable win over the table's.
@@ -44,6 +44,7 @@ def test_a_named_remote(tmp_path: Path) -> None:
         ('url = "http://x"\ntimeout = -1', "timeout must be a number of seconds above 0"),
         ('url = "http://x"\ncontext = "big"', "context must be a number of tokens"),
         ('url = "http://x"\napi_key_env = "not a name"', "must name an environment variable"),
+        ('url = "https://me:secret@x"', "a URL with a user or password"),
     ],
 )
 def test_mistakes_in_a_table(tmp_path: Path, table: str, says: str) -> None:
@@ -80,3 +81,31 @@ def test_remote_list_names_each_server_and_its_models(tmp_path: Path, monkeypatc
     lines = done.output.splitlines()
     assert lines[0] == f"box  {url}" and lines[1].startswith("  fake-7b")
     assert lines[2] == f"down  {down}" and "is the server running" in lines[3]
+
+
+def test_chats_on_remotes_are_named_model_at_server() -> None:
+    from localfab.commands.chat import remote_label, remote_named
+
+    box = Remote("http://box:8080", "box", "qwen3-32b", keyring=True)
+    known = {"box": box}
+    assert remote_label(box) == "qwen3-32b@box"
+    assert remote_named("qwen3-32b@box", known) == box
+    assert remote_named("@box", known) == box  # the remote's own model
+    assert remote_named("gemma3-4b@box", known).model == "gemma3-4b"  # type: ignore[union-attr]
+    url = remote_named("m@http://127.0.0.1:8080", known)
+    assert url is not None and (url.url, url.model) == ("http://127.0.0.1:8080", "m")
+    assert remote_named("smollm2:135m", known) is None  # a local model
+    assert remote_named("me@unknown", known) is None
+
+
+def test_serving_on_an_open_address_needs_a_key(monkeypatch: Any) -> None:
+    from localfab.commands.chat import serving_from_options
+
+    monkeypatch.delenv("LLAMA_API_KEY", raising=False)
+    assert serving_from_options("8080", 2, None) == (("127.0.0.1", 8080), 2)
+    with pytest.raises(UsageError, match="anyone who can reach this machine"):
+        serving_from_options("0.0.0.0:8080", 1, None)
+    monkeypatch.setenv("LLAMA_API_KEY", "k")
+    assert serving_from_options("0.0.0.0:8080", 1, None) == (("0.0.0.0", 8080), 1)
+    with pytest.raises(UsageError, match="give a port"):
+        serving_from_options("box", 1, None)

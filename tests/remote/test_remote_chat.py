@@ -165,3 +165,30 @@ def test_a_forced_tool_call_through_the_remote(model_server: ServerProcess) -> N
         assert follow.text.strip()
     finally:
         engine.close()
+
+
+def test_characters_cut_between_pieces_join(model_server: ServerProcess) -> None:
+    """A reply of many-byte characters cut every few tokens (often inside a character) and
+    continued: no piece leaves half a character behind, and the reply's tokens spell its
+    text exactly (the grammar allows any tail of the text from a character on, so each
+    continuation goes on from a whole character)."""
+    from localfab.chat.prompt import PromptBuilder
+    from localfab.chat.session import ChatSession
+    from localfab.engine.types import GenerationOptions
+    from localfab.remote.engine import RemoteEngine
+
+    text = "𠀋ꙮ é 𠀋ꙮ"
+    tails = " | ".join('"' + text[i:] + '"' for i in range(len(text)))
+    engine = RemoteEngine.connect(Remote(model_server.url))
+    try:
+        session = ChatSession(engine, PromptBuilder(engine), max_continues=12)
+        options = GenerationOptions(
+            sampling=SamplingParams(temperature=0, grammar=f"root ::= {tails}"), max_tokens=3
+        )
+        reply = list(session.send("Say it.", options))[-1]
+        assert reply.text and "\ufffd" not in reply.text, reply.text
+        assert reply.continues > 0
+        spelled = b"".join(engine.token_bytes(t) for t in session.expected_cache)
+        assert spelled.decode("utf-8").endswith(reply.text)
+    finally:
+        engine.close()

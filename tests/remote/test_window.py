@@ -55,15 +55,38 @@ def test_old_turns_leave_the_servers_window(remote: tuple[FakeRemote, str]) -> N
 
 def test_a_cut_reply_is_continued_from_its_tokens(remote: tuple[FakeRemote, str]) -> None:
     fake, url = remote
-    chat, engine = _chat(url, max_continues=0)
+    chat, engine = _chat(url, max_continues=1)
     try:
-        first = list(chat.send("Hi", GenerationOptions(max_tokens=2)))[-1]
-        # The fake streams its whole reply whatever n_predict says; what counts is the ask.
-        assert fake.requests[-1]["n_predict"] == 2
-        assert first.text == "Hello there"
-        list(chat.continue_reply(GenerationOptions(max_tokens=2)))
+        reply = list(chat.send("Hi", GenerationOptions(max_tokens=4)))[-1]
     finally:
         engine.close()
-    prompt = _text(fake.requests[-1]["prompt"])
-    # The open reply is the end of the prompt: no end of turn, no new assistant header.
-    assert prompt.endswith("user: Hi\nassistant: Hello there")
+    first, second = fake.requests
+    assert first["n_predict"] == 4 and _text(first["prompt"]).endswith("user: Hi\nassistant:")
+    # The reply so far, token for token, is the end of the next prompt: no end of turn.
+    assert _text(second["prompt"]) == _text(first["prompt"]) + "Hell"
+    assert reply.text == "HellHell"  # (the fake starts its reply again; a model goes on)
+
+
+def test_a_window_that_fills_mid_reply_moves(remote: tuple[FakeRemote, str]) -> None:
+    """The reply reaches the end of the server's window: the session drops the oldest turn
+    and the reply goes on after the moved window, as on a local model."""
+    fake, url = remote
+    fake.n_ctx = 160
+    fake.chunks = ["x" * 400]  # a reply longer than the window
+    chat, engine = _chat(url, max_continues=0, reply_reserve=16)
+    events: list[Any] = []
+    try:
+        list(chat.send("First question", GenerationOptions(max_tokens=8)))
+        fake.requests.clear()
+        events = list(chat.send("Second", GenerationOptions(max_tokens=-1)))
+    finally:
+        engine.close()
+    moved = [e for e in events if isinstance(e, Shifted)]
+    assert moved and moved[0].during_reply
+    first, second = fake.requests[:2]
+    # Asked for exactly the cells the window had left, then again after the moved window.
+    assert len(first["prompt"]) + first["n_predict"] == fake.n_ctx
+    assert "First question" in _text(first["prompt"])
+    assert "First question" not in _text(second["prompt"])
+    assert _text(second["prompt"]).startswith("system: Be brief.\nuser: Second")
+    assert len(second["prompt"]) + second["n_predict"] == fake.n_ctx
