@@ -125,6 +125,8 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": {"code": 404, "message": "File Not Found"}})
 
         def _completion(self, mode: str, *, chat: bool = False, n_predict: int = -1) -> None:
+            if mode == "queued":  # every slot busy: no answer for a while
+                time.sleep(3)
             if mode.isdigit():
                 headers = {"Retry-After": "7"} if mode == "429" else {}
                 message = {"503": "Loading model"}.get(mode, f"failure {mode}")

@@ -177,13 +177,29 @@ def test_stop_hangs_up_at_once(remote: tuple[FakeRemote, str], history: Any) -> 
     assert _stored(chat) == ("Hel", "interrupted")
 
 
-def test_a_reply_past_the_window_asks_for_room(
+def test_a_reply_never_asks_past_the_servers_window(
     remote: tuple[FakeRemote, str], history: Any
 ) -> None:
-    """n_predict is bounded by the server's window, so the reply never overruns it."""
+    """n_predict is what the slot has room for after the prompt (here less than max_tokens),
+    to the last cell: the reply never overruns the window, and never stops short of it."""
     fake, url = remote
-    fake.n_ctx = 64
+    fake.n_ctx = 48
     chat = _chat(url, history)
-    _send(chat, "Hi")
-    prompt = fake.requests[-1]["prompt"]
-    assert fake.requests[-1]["n_predict"] == min(16, 64 - len(prompt) - 1)
+    _send(chat, "Hi")  # max_tokens 16
+    (sent,) = fake.requests
+    assert len(sent["prompt"]) > 48 - 16
+    assert sent["n_predict"] == 48 - len(sent["prompt"])
+
+
+def test_stop_while_the_server_has_not_answered_yet(remote: tuple[FakeRemote, str]) -> None:
+    """A request the server queues (no headers yet, every slot busy): Esc still ends the
+    reply at once, and the connection is closed."""
+    fake, url = remote
+    fake.mode = "queued"
+    engine = _connect(url)
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    started = time.monotonic()
+    events = list(engine.stream([ord(c) for c in "user: Hi"], GenerationOptions(cancel=cancel)))
+    assert time.monotonic() - started < 1.0
+    assert events[-1].finish_reason == "cancelled"  # type: ignore[union-attr]
