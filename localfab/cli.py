@@ -93,7 +93,7 @@ COMMANDS = {
     "remote": (
         "remote",
         "remote",
-        "The remote model servers of config.toml: list (with their models), key (keyring).",
+        "The remote model servers ([remotes.NAME] of config.toml): list, key.",
     ),
     "bench": ("benchmark", "bench", "Record a labelled baseline of MODEL; chart tok/s by depth."),
 }

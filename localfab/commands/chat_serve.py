@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localfab.commands.spec_flags import SPEC_FLAGS
 from localfab.errors import LoadCancelled, LocalfabError, ModelError, UsageError
 
 if TYPE_CHECKING:
@@ -69,16 +70,7 @@ def serve_options(
     with serve.make_context("serve", args) as ctx:
         params = dict(ctx.params)
     # The speculative flags arrive gathered in the command itself; here they are defaults.
-    spec = (
-        "spec_type",
-        "model_draft",
-        "draft_max",
-        "draft_min",
-        "draft_p_min",
-        "gpu_layers_draft",
-        "spec_exact",
-    )
-    params["spec_flags"] = {key: params.pop(key) for key in spec if key in params}
+    params["spec_flags"] = {key: params.pop(key) for key in SPEC_FLAGS if key in params}
     return params
 
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp as lc
 import numpy as np
 
-from localfab.engine.callsyntax import CallDelta
 from localfab.engine.sampling import GuardedSampler, is_fast_greedy
+from localfab.engine.steps import held_back, split_done
 from localfab.engine.text import StopMatcher, Utf8Stream
 from localfab.engine.thought import ThoughtStep
 from localfab.engine.toolcalls import ToolStep
@@ -331,33 +331,11 @@ class ReplyState:
     def _last_event(self, tail: str) -> TokenEvent | None:
         """The event of the text held back to the end, and of what the reasoning split and the
         tool-call parser held back (None: nothing was)."""
-        thought, tools = self.thought, self.tools
-        parts: tuple[tuple[str, str], ...] | None = None
-        if thought is not None:
-            parts = thought.finish(tail)
-        calls: tuple[CallDelta, ...] = ()
-        if tools is not None:
-            if parts is None:
-                parts = (("content", tail),) if tail else ()
-            parts, calls = tools.take(parts, final=True)
+        parts, calls = held_back(self.thought, self.tools, tail)
         if not (tail or parts or calls):
             return None
         return TokenEvent(self.generated[-1] if self.generated else -1, tail, None, parts, calls)
 
     def _split_done(self, done: Done) -> Done:
         """`done` with the reply's reasoning and answer apart, and its tool calls."""
-        thought, tools = self.thought, self.tools
-        if thought is not None:
-            split = thought.split
-            done = replace(
-                done,
-                reasoning=split.reasoning,
-                content=split.content,
-                reasoning_tokens=thought.n_reasoning,
-                budget_hit=thought.budget_hit,
-                in_reasoning=split.state == "reasoning",
-            )
-        if tools is not None:
-            parser = tools.parser
-            done = replace(done, content=parser.content, tool_calls=tuple(parser.calls))
-        return done
+        return split_done(done, self.thought, self.tools)

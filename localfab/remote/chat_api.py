@@ -28,7 +28,7 @@ from localfab.engine.types import (
     TokenEvent,
 )
 from localfab.errors import UsageError
-from localfab.remote.client import Remote, RemoteClient, RemoteError
+from localfab.remote.client import Remote, RemoteClient, RemoteError, ServerSideCache
 
 # Characters per token of the server's model, for the window (most tokenizers of 2026 average
 # 3.5-4.5 characters of English per token: 3 leaves room).
@@ -101,12 +101,9 @@ def read_api_facts(client: RemoteClient) -> ApiFacts:
     )
 
 
-class ChatApiEngine:
+class ChatApiEngine(ServerSideCache):
     """A ChatEngine and a Tokenizer over a server's chat API (see the module's docstring)."""
 
-    can_shift = False
-    n_threads = 0
-    architecture = ""
     chars_per_token = CHARS_PER_TOKEN  # the window is counted in characters
     add_bos = False
     bos_token = -1
@@ -185,12 +182,6 @@ class ChatApiEngine:
         return TEMPLATE
 
     # --- generation -------------------------------------------------------------------------------
-
-    def evaluate(self, tokens: Sequence[int]) -> int:
-        return 0
-
-    def shift_to(self, target: Sequence[int]) -> tuple[int, int]:
-        return 0, 0
 
     def stream(
         self, prompt: Sequence[int], options: GenerationOptions | None = None

@@ -15,7 +15,7 @@ import os
 import queue
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,22 @@ class RemoteError(LocalfabError):
         super().__init__(message)
         self.status = status
         self.dropped = dropped
+
+
+class ServerSideCache:
+    """What a chat session asks of an engine whose KV cache is a server's own: nothing to
+    prepare (the server processes the prompt with the next reply and reuses what its slot
+    holds), and no shift (a moved window is processed again there)."""
+
+    can_shift = False
+    n_threads = 0
+    architecture = ""
+
+    def evaluate(self, tokens: Sequence[int]) -> int:
+        return 0
+
+    def shift_to(self, target: Sequence[int]) -> tuple[int, int]:
+        return 0, 0
 
 
 class NotLlamaServer(RemoteError):

@@ -22,7 +22,13 @@ from localfab.engine.types import (
     TokenEvent,
 )
 from localfab.errors import ContextOverflow, UsageError
-from localfab.remote.client import NotLlamaServer, Remote, RemoteClient, RemoteError
+from localfab.remote.client import (
+    NotLlamaServer,
+    Remote,
+    RemoteClient,
+    RemoteError,
+    ServerSideCache,
+)
 
 TOKENIZE_CACHE = 4096  # texts whose tokens are kept (a prompt is rendered in many pieces)
 
@@ -75,12 +81,8 @@ def _model_file(path: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-class RemoteEngine:
+class RemoteEngine(ServerSideCache):
     """A ChatEngine and a Tokenizer over a llama-server-like server (module docstring)."""
-
-    can_shift = False
-    n_threads = 0
-    architecture = ""
 
     def __init__(self, client: RemoteClient, facts: ServerFacts) -> None:
         self.client = client
@@ -206,14 +208,6 @@ class RemoteEngine:
         return self.facts.chat_template
 
     # --- generation ----------------------------------------------------------------------------
-
-    def evaluate(self, tokens: Sequence[int]) -> int:
-        """Nothing to do ahead here: the server processes the prompt with the next reply
-        (and reuses what its slot still holds)."""
-        return 0
-
-    def shift_to(self, target: Sequence[int]) -> tuple[int, int]:
-        return 0, 0
 
     def stream(
         self, prompt: Sequence[int], options: GenerationOptions | None = None

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from localfab.engine.steps import held_back, split_done
 from localfab.engine.thought import ThoughtStep
 from localfab.engine.toolcalls import ToolStep
 from localfab.engine.types import (
@@ -157,15 +157,9 @@ class RemoteReply:
         return TokenEvent(token, text, None, split, calls)
 
     def _finish(self, finish: FinishReason, stop_type: StopType) -> Iterator[TokenEvent | Done]:
-        thought, tools = self.thought, self.tools
-        last = self.generated[-1] if self.generated else -1
-        if thought is not None or tools is not None:
-            parts: tuple[tuple[str, str], ...] = thought.finish("") if thought else ()
-            calls: tuple[Any, ...] = ()
-            if tools is not None:
-                parts, calls = tools.take(parts, final=True)
-            if parts or calls:
-                yield TokenEvent(last, "", None, parts, calls)
+        parts, calls = held_back(self.thought, self.tools, "")
+        if parts or calls:
+            yield TokenEvent(self.generated[-1] if self.generated else -1, "", None, parts, calls)
         done = Done(
             text="".join(self.texts),
             finish_reason=finish,
@@ -175,18 +169,7 @@ class RemoteReply:
             prompt_tokens=len(self.prompt),
             stopping_word=self.stopping_word,
         )
-        if thought is not None:
-            split = thought.split
-            done = replace(
-                done,
-                reasoning=split.reasoning,
-                content=split.content,
-                reasoning_tokens=thought.n_reasoning,
-                in_reasoning=split.state == "reasoning",
-            )
-        if tools is not None:
-            done = replace(done, content=tools.parser.content, tool_calls=tuple(tools.parser.calls))
-        yield done
+        yield split_done(done, self.thought, self.tools)
 
     def _timings(self) -> Timings:
         """The server's timings of the last request, TTFT as measured here."""

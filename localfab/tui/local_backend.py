@@ -493,10 +493,3 @@ def plan_summary(chosen: Any) -> list[str]:
         f"~{chosen.predicted_tok_s:.0f} tok/s predicted",
     ]
     return lines + [str(r) for r in chosen.reasons[:2]]
-
-
-def model_display_name(name: str | None, path: Path | None = None) -> str:
-    """A short name for the status bar."""
-    if name:
-        return name
-    return path.name if path else "no model"

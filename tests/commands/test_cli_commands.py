@@ -15,17 +15,16 @@ from localfab.cli import COMMANDS, cli
 
 
 def test_every_command_in_the_modules_is_in_the_table_and_resolves():
-    found: dict[str, click.Command] = {}
+    commands: list[click.Command] = []
     for info in pkgutil.iter_modules(localfab.commands.__path__):
         module = importlib.import_module(f"localfab.commands.{info.name}")
         for value in vars(module).values():
             if isinstance(value, click.Command) and value.callback.__module__ == module.__name__:
-                found[value.name or ""] = value
-    # A group's subcommands (`localfab mcp list`) are reached through the group.
-    for group in [c for c in found.values() if isinstance(c, click.Group)]:
-        for sub in group.commands.values():
-            if found.get(sub.name or "") is sub:
-                del found[sub.name or ""]
+                commands.append(value)
+    # A group's subcommands (`localfab mcp list`, `localfab remote list`) are reached through
+    # the group (and may share a name with a top-level command).
+    subs = {id(sub) for c in commands if isinstance(c, click.Group) for sub in c.commands.values()}
+    found = {c.name or "": c for c in commands if id(c) not in subs}
     assert set(found) == set(COMMANDS)
     ctx = click.Context(cli)
     for name, command in found.items():
