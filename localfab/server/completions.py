@@ -115,7 +115,11 @@ async def completions_oai(server: Server, request: Request) -> Response:
 
 
 async def chat_completions(server: Server, request: Request) -> Response:
-    body = await read_json(request, server.settings)
+    return await chat_reply(server, request, await read_json(request, server.settings))
+
+
+async def chat_reply(server: Server, request: Request, body: dict[str, Any]) -> Response:
+    """An OpenAI chat completion of `body` (also what the other chat APIs are turned into)."""
     engine = server.model.engine
     n_ctx = engine.n_ctx
     shift = server.settings.context_shift
