@@ -43,7 +43,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from localfab.server import anthropic, completions, info, slot_files
+from localfab.server import anthropic, completions, info, responses, slot_files
 from localfab.server.gate import Gate
 from localfab.server.model_info import model_info
 from localfab.server.plumbing import not_found, wrap
@@ -78,6 +78,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/v1/chat/completions", "POST", completions.chat_completions),
     ("/v1/messages", "POST", anthropic.messages),
     ("/v1/messages/count_tokens", "POST", anthropic.count_tokens),
+    ("/v1/responses", "POST", responses.responses),
     ("/apply-template", "POST", completions.apply_template),
     ("/tokenize", "POST", info.tokenize),
     ("/detokenize", "POST", info.detokenize),

@@ -36,8 +36,9 @@ def server(model_path: Path) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture()
-def client(server: ServerProcess) -> Any:
-    return anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+def client(server: ServerProcess) -> Iterator[Any]:
+    with anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0) as opened:
+        yield opened
 
 
 def test_a_reply_whole_and_streamed(client: Any) -> None:
