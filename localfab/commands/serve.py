@@ -198,10 +198,31 @@ def is_loopback(host: str) -> bool:
 )
 @click.option(
     "--allowed-origins",
+    "--cors-origins",
     "allowed_origins",
     multiple=True,
     help="Browser origins, besides localhost ones, that may use the server: comma-separated, "
-    "* as wildcard (https://*.example.com), * alone for any. Default: LOCALFAB_ORIGINS.",
+    "* as wildcard (https://*.example.com), * alone for any; localhost: only those (the "
+    "default). Default: LOCALFAB_ORIGINS.",
+)
+@click.option(
+    "--tags",
+    default="",
+    help="Model tags, comma-separated (informational, as llama-server: in /v1/models).",
+)
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Accepted for llama-server's command lines: localfab serve never downloads a model "
+    "while it runs (localfab pull does).",
+)
+@click.option(
+    "--ui/--no-ui",
+    "--webui/--no-webui",
+    "web_ui",
+    default=None,
+    help="Accepted for llama-server's command lines: there is no web UI (localfab chat is the "
+    "app); --ui says so.",
 )
 @click.option(
     "--no-ledger",
@@ -230,6 +251,12 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
         raise UsageError("no model: give it as an argument or with -m")
     if model_opt and model_arg and model_opt != model_arg:
         raise UsageError("give the model once, either as MODEL or with -m")
+    if options.pop("web_ui", None):
+        click.echo(
+            "localfab: note: there is no web UI; chat with `localfab chat` (or --serve from it)",
+            err=True,
+        )
+    options.pop("offline", None)  # nothing is downloaded while serving, with or without it
     choice, config = plan_serving(name, options)
     _serve(name, choice, options, config)
 
@@ -287,6 +314,8 @@ def allowed_origins(given: tuple[str, ...]) -> tuple[str, ...]:
 
     if not given and os.environ.get(ORIGINS_ENV):
         given = (os.environ[ORIGINS_ENV],)
+    # llama-server's `localhost` (only local pages): localhost origins are always allowed.
+    given = tuple(",".join(p for p in g.split(",") if p.strip() != "localhost") for g in given)
     return split_origins(given)
 
 
@@ -350,6 +379,7 @@ def _settings(
     return ServerSettings(
         model_name=name,
         alias=options["alias"],
+        tags=tuple(t.strip() for t in options.get("tags", "").split(",") if t.strip()),
         api_keys=tuple(options["api_keys"]),
         metrics=options["metrics"],
         slots=options["slots"],

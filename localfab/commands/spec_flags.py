@@ -59,13 +59,20 @@ def spec_options(f: F) -> F:
         ),
         click.option(
             "--draft-max",
+            "--spec-draft-n-max",
+            "draft_max",
             type=int,
             default=None,
             help="Most tokens to draft at once (1-64; default 48 with ngram-simple, 16 with a "
             "draft model).",
         ),
         click.option(
-            "--draft-min", type=int, default=None, help="Fewest drafted tokens worth verifying (0)."
+            "--draft-min",
+            "--spec-draft-n-min",
+            "draft_min",
+            type=int,
+            default=None,
+            help="Fewest drafted tokens worth verifying (0).",
         ),
         click.option(
             "--draft-p-min",

@@ -156,7 +156,7 @@ async def models(server: Server, request: Request) -> Response:
                 {
                     "id": info.name,
                     "aliases": [info.name],
-                    "tags": [],
+                    "tags": list(server.settings.tags),
                     "object": "model",
                     "created": int(time.time()),
                     "owned_by": "llamacpp",

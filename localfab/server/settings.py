@@ -20,6 +20,7 @@ class ServerSettings:
 
     model_name: str = ""  # what /v1/models and responses call the model (default: the -m path)
     alias: str | None = None  # --alias: overrides model_name
+    tags: tuple[str, ...] = ()  # --tags: informational, listed in /v1/models
     api_keys: tuple[str, ...] = ()  # --api-key (repeatable); empty: no authentication
     metrics: bool = False  # --metrics: enable /metrics
     slots: bool = True  # --no-slots turns /slots off

@@ -1,0 +1,55 @@
+"""llama-server's flags that its own test suite passes, on `localfab serve`: accepted with
+their meaning (--tags, --cors-origins, --spec-draft-n-max/min), or as what they are here
+(--offline: nothing is downloaded while serving; --no-webui: there is no web UI; --ui says so)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.serverproc import ServerProcess
+
+pytestmark = pytest.mark.model
+
+
+def test_llama_servers_command_line_is_taken(model_path: Path) -> None:
+    flags = (
+        "--jinja",
+        "--offline",
+        "--no-webui",
+        "--tags",
+        "small,test",
+        "--cors-origins",
+        "localhost",
+        "--spec-type",
+        "ngram-simple",
+        "--spec-draft-n-max",
+        "8",
+        "--spec-draft-n-min",
+        "2",
+    )
+    server = ServerProcess(model_path, *flags).wait_ready()
+    try:
+        models = httpx.get(server.url + "/v1/models", timeout=10).json()
+        assert models["data"][0]["tags"] == ["small", "test"]
+        # Only local pages may call it (llama-server's `localhost`), as by default here.
+        page = {"Origin": "https://evil.example"}
+        assert httpx.get(server.url + "/health", headers=page, timeout=10).status_code == 403
+        local = {"Origin": "http://localhost:3000"}
+        assert httpx.get(server.url + "/health", headers=local, timeout=10).status_code == 200
+        slots = httpx.get(server.url + "/slots", timeout=10).json()
+        assert slots[0]["speculative"]
+    finally:
+        log = server.stop()
+    assert "error" not in log.lower() and "no web UI" not in log
+
+
+def test_asking_for_the_web_ui_says_there_is_none(model_path: Path) -> None:
+    server = ServerProcess(model_path, "--ui").wait_ready()
+    try:
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    finally:
+        log = server.stop()
+    assert "there is no web UI" in log
