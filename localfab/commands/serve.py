@@ -206,6 +206,13 @@ def is_loopback(host: str) -> bool:
     "default). Default: LOCALFAB_ORIGINS.",
 )
 @click.option(
+    "--sleep-idle-seconds",
+    type=float,
+    default=-1,
+    help="Free the model (and its KV cache) after this many seconds without work; the next "
+    "request loads it again (read-only endpoints answer meanwhile). -1: never.",
+)
+@click.option(
     "--tags",
     default="",
     help="Model tags, comma-separated (informational, as llama-server: in /v1/models).",
@@ -380,6 +387,7 @@ def _settings(
         model_name=name,
         alias=options["alias"],
         tags=tuple(t.strip() for t in options.get("tags", "").split(",") if t.strip()),
+        sleep_idle_seconds=options.get("sleep_idle_seconds", -1),
         api_keys=tuple(options["api_keys"]),
         metrics=options["metrics"],
         slots=options["slots"],

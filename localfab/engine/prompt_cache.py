@@ -118,6 +118,11 @@ class PromptCache:
     def enabled(self) -> bool:
         return self.in_ram or self.disk is not None
 
+    def clear(self) -> None:
+        """Forget the states kept in RAM (a sleeping server's; the disk tier keeps its files)."""
+        with self._lock:
+            self.entries.clear()
+
     def beside(self, key: StateKey) -> PromptCache:
         """A cache for another model's states beside this one's (a draft model's): the same
         limits, its own entries, its own files (`key`) in the same folder."""

@@ -7,7 +7,6 @@ Anthropic SDK, pointed at this server (`ANTHROPIC_BASE_URL`), use it unchanged."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -327,14 +326,8 @@ async def _events(chunks: AsyncIterator[bytes], model: str) -> AsyncIterator[byt
 
 async def count_tokens(server: Server, request: Request) -> Response:
     """POST /v1/messages/count_tokens: the prompt's tokens as the chat template renders it."""
-    from localfab.server.completions import chat_messages, chat_to_completion_fields, request_tools
+    from localfab.server.completions import count_chat_tokens
 
     body = await read_json(request, server.settings)
-    chat = to_chat({"max_tokens": 1, **body})
-
-    def count() -> int:
-        fields = chat_to_completion_fields(chat, jinja=server.settings.jinja)
-        messages, _, tokens = chat_messages(server, fields, request_tools(fields))
-        return len(tokens(messages))
-
-    return json_response({"input_tokens": await asyncio.to_thread(count)})
+    n = await count_chat_tokens(server, to_chat({"max_tokens": 1, **body}))
+    return json_response({"input_tokens": n})

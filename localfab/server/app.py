@@ -79,6 +79,9 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/v1/messages", "POST", anthropic.messages),
     ("/v1/messages/count_tokens", "POST", anthropic.count_tokens),
     ("/v1/responses", "POST", responses.responses),
+    ("/v1/responses/input_tokens", "POST", responses.input_tokens),
+    ("/chat/completions/input_tokens", "POST", completions.chat_input_tokens),
+    ("/v1/chat/completions/input_tokens", "POST", completions.chat_input_tokens),
     ("/apply-template", "POST", completions.apply_template),
     ("/tokenize", "POST", info.tokenize),
     ("/detokenize", "POST", info.detokenize),
@@ -124,6 +127,7 @@ def create_app(
         if worker.model is not None:
             name = settings.public_model_name or str(worker.model.path)
             server.info = model_info(worker.model, replace(settings, model_name=name))
+            server.remember(worker.model)
 
     worker.on_ready = on_ready
 
@@ -162,6 +166,7 @@ def _worker(source: Any, settings: ServerSettings, ledger: LedgerWriter | None) 
         n_parallel=settings.n_parallel,
         cache_ram=settings.cache_ram,
         cache_disk=settings.cache_disk,
+        sleep_idle=settings.sleep_idle_seconds,
     )
 
 

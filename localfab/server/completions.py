@@ -156,6 +156,23 @@ async def chat_reply(server: Server, request: Request, body: dict[str, Any]) -> 
     return await respond(server, request, [Prompt(window.tokens, window)], gen, dialect)
 
 
+async def chat_input_tokens(server: Server, request: Request) -> Response:
+    """POST /chat/completions/input_tokens: a chat request's prompt tokens."""
+    body = await read_json(request, server.settings)
+    return json_response({"input_tokens": await count_chat_tokens(server, body)})
+
+
+async def count_chat_tokens(server: Server, body: dict[str, Any]) -> int:
+    """The tokens a chat request's prompt takes, as its template renders it (tools included)."""
+
+    def count() -> int:
+        fields = chat_to_completion_fields(body, jinja=server.settings.jinja)
+        messages, _, tokens = chat_messages(server, fields, request_tools(fields))
+        return len(tokens(messages))
+
+    return await asyncio.to_thread(count)
+
+
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 

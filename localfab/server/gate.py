@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("localfab.server")
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+# What a sleeping server answers without loading its model again (llama-server's read-only
+# endpoints, by method and path).
+READ_ONLY = frozenset(
+    {
+        ("GET", p)
+        for p in ("/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics", "/slots")
+    }
+)
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 
 
@@ -105,6 +113,20 @@ class Gate:
             await send_simple(send, err.code, err.body(), JSON_TYPE, cors)
             return
 
+        if (scope["method"], scope["path"]) in READ_ONLY:
+            await self._pass(scope, receive, send, cors)
+            return
+        worker = self.server.worker
+        worker.in_flight += 1  # the model stays loaded while a request is handled
+        try:
+            await self.server.wake()
+            await self._pass(scope, receive, send, cors)
+        finally:
+            worker.in_flight -= 1
+
+    async def _pass(
+        self, scope: Scope, receive: Receive, send: Send, cors: list[tuple[bytes, bytes]]
+    ) -> None:
         if not cors:
             await self.app(scope, receive, send)
             return

@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localfab.chat.thinking import template_caps
-from localfab.chat.tools import tool_caps
 from localfab.server import metrics as prom
 from localfab.server.checks import check_tokens
 from localfab.server.completions import PROMPT_TYPES
@@ -51,14 +49,11 @@ async def props(server: Server, request: Request) -> Response:
             "ui": False,
             "ui_settings": {},
             "chat_template": info.chat_template,
-            "chat_template_caps": {
-                **template_caps(server.model.prompts.template),
-                **tool_caps(server.model.prompts.template),
-            },
+            "chat_template_caps": server.caps,
             "bos_token": info.bos_token,
             "eos_token": info.eos_token,
             "build_info": s.build_info,
-            "is_sleeping": False,
+            "is_sleeping": server.worker.sleeping,
             "cors_proxy_enabled": False,
         }
     )

@@ -383,3 +383,11 @@ async def _events(chunks: AsyncIterator[bytes], stream: ResponseStream) -> Async
             yield out
     for out in stream.end():
         yield out
+
+
+async def input_tokens(server: Server, request: Request) -> Response:
+    """POST /v1/responses/input_tokens: the prompt's tokens of a Responses request."""
+    from localfab.server.completions import count_chat_tokens
+
+    body = await read_json(request, server.settings)
+    return json_response({"input_tokens": await count_chat_tokens(server, to_chat(body))})

@@ -21,6 +21,7 @@ class ServerSettings:
     model_name: str = ""  # what /v1/models and responses call the model (default: the -m path)
     alias: str | None = None  # --alias: overrides model_name
     tags: tuple[str, ...] = ()  # --tags: informational, listed in /v1/models
+    sleep_idle_seconds: float = -1  # --sleep-idle-seconds: free the model when idle (-1: never)
     api_keys: tuple[str, ...] = ()  # --api-key (repeatable); empty: no authentication
     metrics: bool = False  # --metrics: enable /metrics
     slots: bool = True  # --no-slots turns /slots off

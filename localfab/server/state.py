@@ -32,6 +32,26 @@ class Server:
         self.settings = settings
         self.info: ModelInfo | None = None
         self.key_ok = KeyCheck(settings.api_keys)
+        # What /props shows, kept from the load so a sleeping server answers it.
+        self.caps: dict[str, Any] = {}
+        self.n_ctx_slot = 0
+        self.speculative = False
+        self._prompts: dict[int, tuple[tuple[int, ...], str]] = {}  # slot: its prompt's text
+
+    def remember(self, model: LoadedModel) -> None:
+        """Keep what the read-only endpoints show of the model (they answer while it sleeps)."""
+        from localfab.chat.thinking import template_caps
+        from localfab.chat.tools import tool_caps
+
+        template = model.prompts.template
+        self.caps = {**template_caps(template), **tool_caps(template)}
+        self.n_ctx_slot = model.engine.n_ctx
+        self.speculative = model.engine.speculation is not None
+
+    async def wake(self) -> None:
+        """Load the model again if the server sleeps (--sleep-idle-seconds)."""
+        if self.worker.sleeping:
+            await asyncio.wrap_future(self.worker.call(lambda model: None))
 
     @property
     def model(self) -> LoadedModel:
@@ -41,7 +61,7 @@ class Server:
     @property
     def slot_n_ctx(self) -> int:
         """The context each slot has: -c split over the slots (unless --kv-unified)."""
-        return self.model.engine.n_ctx
+        return self.n_ctx_slot or self.model.engine.n_ctx
 
     @property
     def n_processing(self) -> int:
@@ -73,13 +93,26 @@ class Server:
     def check_bias(self, gen: Generation) -> None:
         check_bias(gen.sampling, self.model.engine.n_vocab)
 
+    def _slot_prompt(self, i: int, tokens: Sequence[int]) -> str:
+        """A slot's prompt as text; while the model sleeps, the text it had when last shown
+        (or when the model went to sleep)."""
+        key = tuple(tokens)
+        kept = self._prompts.get(i)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        if self.worker.sleeping or self.worker.model is None:
+            return ""
+        text = self.prompt_text(list(tokens))
+        self._prompts[i] = (key, text)
+        return text
+
     def slot_json(self, i: int) -> dict[str, Any]:
         """/slots' entry for slot `i`: its current (or last) task, as llama-server shows it."""
         slot = self.worker.slots[i] if i < len(self.worker.slots) else SlotView()
         data: dict[str, Any] = {
             "id": i,
             "n_ctx": self.slot_n_ctx,
-            "speculative": self.model.engine.speculation is not None,
+            "speculative": self.speculative,
             "is_processing": slot.processing,
         }
         cache = self.worker.prompt_cache
@@ -111,7 +144,7 @@ class Server:
                         "n_decoded": slot.n_decoded,
                     }
                 ],
-                "prompt": self.prompt_text(list(slot.prompt)),
+                "prompt": self._slot_prompt(i, slot.prompt),
                 "generated": slot.generated,
             }
         )

@@ -48,8 +48,17 @@ class EngineWorker:
         n_parallel: int = 1,
         cache_ram: int | None = 0,
         cache_disk: tuple[Path, int] | None = None,
+        sleep_idle: float = -1,
     ) -> None:
         self._source = source
+        # --sleep-idle-seconds: after this long with nothing to do (no job, no request being
+        # handled) the model leaves memory, and comes back with the next work (-1: never).
+        # Only a model this worker loads itself can sleep.
+        self.sleep_idle = sleep_idle if callable(source) else -1
+        self.sleeping = False
+        self.in_flight = 0  # requests being handled (the Gate counts them): no sleep meanwhile
+        self._going_to_sleep = False
+        self._held: Any = None  # the item that woke the worker, run first
         # Idle conversations' prompts, kept when a slot takes another and restored when they
         # come back (`--cache-ram` bytes; 0: off).
         self.prompt_cache = PromptCache(cache_ram)
@@ -129,32 +138,84 @@ class EngineWorker:
 
     def _main(self) -> None:
         try:
-            self.model = self._source() if callable(self._source) else self._source
+            self._load()
         except BaseException as exc:  # reported by the front end, which exits
             self.load_error = exc
             self.ready.set()
             if self.on_ready is not None:
                 self.on_ready()
             return
-        if self._cache_disk is not None:
-            folder, limit = self._cache_disk
-            self.prompt_cache.disk = DiskCache(folder, self.model.engine.state_key(), limit)
         self.ready.set()
         if self.on_ready is not None:
             self.on_ready()
-        # As many slots as asked for and the context has sequences (-np loads one per slot);
-        # one slot runs the same way as many.
-        n_slots = min(self.model.engine.n_seq_max, self.n_parallel)
-        self.runner = SlotRunner(self, self.model.engine, n_slots)
-        self.runner.run()
+        while True:
+            assert self.model is not None
+            # As many slots as asked for and the context has sequences (-np loads one per
+            # slot); one slot runs the same way as many.
+            n_slots = min(self.model.engine.n_seq_max, self.n_parallel)
+            self.runner = SlotRunner(self, self.model.engine, n_slots)
+            self.runner.run()
+            if not self._going_to_sleep or not self._sleep_until_work():
+                return
+
+    def _load(self) -> None:
+        self.model = self._source() if callable(self._source) else self._source
+        if self._cache_disk is not None:
+            folder, limit = self._cache_disk
+            self.prompt_cache.disk = DiskCache(folder, self.model.engine.state_key(), limit)
+
+    def _sleep_until_work(self) -> bool:
+        """Free the model, wait for the next item, load the model again; False to stop."""
+        self._going_to_sleep = False
+        self.runner = None
+        model, self.model = self.model, None
+        self.prompt_cache.clear()
+        if model is not None:
+            model.close()
+        self.sleeping = True
+        log.info("sleeping: the model left memory after %.0f s idle", self.sleep_idle)
+        item = self._queue.get()
+        if item is STOP:
+            return False
+        try:
+            self._load()
+        except BaseException as exc:  # the model cannot come back: every request says why
+            log.error("could not load the model again: %s", exc)
+            self.load_error = exc
+            self._fail(item)
+            while (item := self._queue.get()) is not STOP:
+                self._fail(item)
+            return False
+        self.sleeping = False
+        log.info("awake: the model is loaded again")
+        self._held = item
+        return True
+
+    def _fail(self, item: Any) -> None:
+        err = ApiError(f"the model could not be loaded again: {self.load_error}", "server_error")
+        if isinstance(item, tuple):
+            item[1].set_exception(err)
+        elif isinstance(item, Job):
+            item.emit(err)
+            self.finished(item)
 
     def take(self, block: bool) -> Any:
         """The next queued item (a Job, a call, or the stop mark); None when empty and not
-        `block`."""
-        try:
-            return self._queue.get(block)
-        except queue.Empty:
-            return None
+        `block`. With --sleep-idle-seconds, a blocking wait that finds nothing to do for that
+        long returns the stop mark with `_going_to_sleep` set."""
+        if self._held is not None:
+            item, self._held = self._held, None
+            return item
+        timeout = self.sleep_idle if block and self.sleep_idle >= 0 else None
+        while True:
+            try:
+                return self._queue.get(block, timeout)
+            except queue.Empty:
+                if not block:
+                    return None
+                if self.in_flight == 0:
+                    self._going_to_sleep = True
+                    return STOP
 
     def run_call(self, item: tuple[Callable[[LoadedModel], Any], Any]) -> None:
         fn, future = item
