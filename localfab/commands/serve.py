@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.commands.running import RunningServer, forget_server, record_server
-from localfab.commands.serve_flags import cache_disk, cache_ram_limit, slot_folder, template_kwargs
+from localfab.commands.serve_flags import (
+    allowed_origins,
+    cache_disk,
+    cache_ram_limit,
+    llama_server_options,
+    slot_folder,
+    template_kwargs,
+)
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.commands.thinking import (
     budget_options,
@@ -205,32 +212,7 @@ def is_loopback(host: str) -> bool:
     "* as wildcard (https://*.example.com), * alone for any; localhost: only those (the "
     "default). Default: LOCALFAB_ORIGINS.",
 )
-@click.option(
-    "--sleep-idle-seconds",
-    type=float,
-    default=-1,
-    help="Free the model (and its KV cache) after this many seconds without work; the next "
-    "request loads it again (read-only endpoints answer meanwhile). -1: never.",
-)
-@click.option(
-    "--tags",
-    default="",
-    help="Model tags, comma-separated (informational, as llama-server: in /v1/models).",
-)
-@click.option(
-    "--offline",
-    is_flag=True,
-    help="Accepted for llama-server's command lines: localfab serve never downloads a model "
-    "while it runs (localfab pull does).",
-)
-@click.option(
-    "--ui/--no-ui",
-    "--webui/--no-webui",
-    "web_ui",
-    default=None,
-    help="Accepted for llama-server's command lines: there is no web UI (localfab chat is the "
-    "app); --ui says so.",
-)
+@llama_server_options
 @click.option(
     "--no-ledger",
     "no_ledger",
@@ -313,17 +295,6 @@ def api_keys(given: tuple[str, ...], key_file: str | None) -> tuple[str, ...]:
     if key_file is not None:
         keys += read_key_file(key_file)
     return tuple(dict.fromkeys(keys))
-
-
-def allowed_origins(given: tuple[str, ...]) -> tuple[str, ...]:
-    """Origin patterns from --allowed-origins, else from LOCALFAB_ORIGINS."""
-    from localfab.server.edge import ORIGINS_ENV, split_origins
-
-    if not given and os.environ.get(ORIGINS_ENV):
-        given = (os.environ[ORIGINS_ENV],)
-    # llama-server's `localhost` (only local pages): localhost origins are always allowed.
-    given = tuple(",".join(p for p in g.split(",") if p.strip() != "localhost") for g in given)
-    return split_origins(given)
 
 
 # Sampling flags and the config.toml / LOCALFAB_* setting each one defaults to.

@@ -3,11 +3,49 @@ converted (each error one line naming the flag)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import click
 
 from localfab.errors import UsageError
 from localfab.units import MiB
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def llama_server_options(f: F) -> F:
+    """llama-server's flags that its own tests pass and that only serving has:
+    --sleep-idle-seconds, --tags, --offline, --ui/--no-ui."""
+    f = click.option(
+        "--ui/--no-ui",
+        "--webui/--no-webui",
+        "web_ui",
+        default=None,
+        help="Accepted for llama-server's command lines: there is no web UI (localfab chat is the "
+        "app); --ui says so.",
+    )(f)
+    f = click.option(
+        "--offline",
+        is_flag=True,
+        help="Accepted for llama-server's command lines: localfab serve never downloads a model "
+        "while it runs (localfab pull does).",
+    )(f)
+    f = click.option(
+        "--tags",
+        default="",
+        help="Model tags, comma-separated (informational, as llama-server: in /v1/models).",
+    )(f)
+    f = click.option(
+        "--sleep-idle-seconds",
+        type=float,
+        default=-1,
+        help="Free the model (and its KV cache) after this many seconds without work; the next "
+        "request loads it again (read-only endpoints answer meanwhile). -1: never.",
+    )(f)
+    return f
 
 
 def slot_folder(path: Path | None) -> Path | None:
@@ -60,3 +98,14 @@ def cache_ram_limit(mib: int | None, planned: int | None = None) -> int | None:
     from localfab.engine.prompt_cache import default_limit
 
     return default_limit()
+
+
+def allowed_origins(given: tuple[str, ...]) -> tuple[str, ...]:
+    """Origin patterns from --allowed-origins, else from LOCALFAB_ORIGINS."""
+    from localfab.server.edge import ORIGINS_ENV, split_origins
+
+    if not given and os.environ.get(ORIGINS_ENV):
+        given = (os.environ[ORIGINS_ENV],)
+    # llama-server's `localhost` (only local pages): localhost origins are always allowed.
+    given = tuple(",".join(p for p in g.split(",") if p.strip() != "localhost") for g in given)
+    return split_origins(given)
