@@ -122,6 +122,6 @@ def _no_system_keyring() -> Iterator[None]:
     from keyring.backends.null import Keyring as NullKeyring
 
     before = keyring.get_keyring()
-    keyring.set_keyring(NullKeyring())
+    keyring.set_keyring(NullKeyring())  # type: ignore[no-untyped-call]
     yield
     keyring.set_keyring(before)

@@ -257,6 +257,9 @@ def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Confi
         raise UsageError(f"-c {options['ctx_size']} is not a context size")
     if options["parallel"] < 1:
         options["parallel"] = 1
+    sleep = options.get("sleep_idle_seconds", -1)
+    if sleep != -1 and sleep <= 0:
+        raise UsageError(f"--sleep-idle-seconds {sleep:g}: give a number of seconds above 0, or -1")
     for key in options["api_keys"]:
         if not key:
             raise UsageError("--api-key must not be empty")

@@ -206,6 +206,7 @@ class MessageStream:
         self.stop_reason = "end_turn"
         self.output_tokens = 0
         self.input_tokens = 0
+        self.failed = False  # an error ended the stream: no message_delta/message_stop follow
 
     def start(self, chat_id: str) -> bytes:
         message: dict[str, Any] = {
@@ -242,6 +243,7 @@ class MessageStream:
         if "error" in chunk:
             err = chunk["error"]
             message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            self.failed = True
             return [event("error", {"error": {"type": "api_error", "message": message}})]
         usage = chunk.get("usage")
         if isinstance(usage, dict):
@@ -318,6 +320,8 @@ async def _events(chunks: AsyncIterator[bytes], model: str) -> AsyncIterator[byt
             yield event("ping", {})
         for out in stream.feed(chunk):
             yield out
+        if stream.failed:
+            return
     if not started:
         yield stream.start("")
     for out in stream.end():

@@ -6,6 +6,7 @@ It does what llama-server's pre-routing handler does, in its order, after two ch
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from starlette.datastructures import Headers
@@ -99,8 +100,15 @@ class Gate:
             ]
             await send_simple(send, 200, b"", "text/html", cors)
             return
-        if not self.server.worker.ready.is_set() or self.server.info is None:
+        worker = self.server.worker
+        if not worker.ready.is_set() or self.server.info is None:
             err = ApiError("Loading model", "unavailable_error")
+            await send_simple(send, err.code, err.body(), JSON_TYPE, cors)
+            return
+        if worker.load_error is not None:  # the model went to sleep and did not come back
+            err = ApiError(
+                f"the model could not be loaded again: {worker.load_error}", "unavailable_error"
+            )
             await send_simple(send, err.code, err.body(), JSON_TYPE, cors)
             return
         if (
@@ -116,13 +124,22 @@ class Gate:
         if (scope["method"], scope["path"]) in READ_ONLY:
             await self._pass(scope, receive, send, cors)
             return
-        worker = self.server.worker
-        worker.in_flight += 1  # the model stays loaded while a request is handled
+        with worker.sleep_lock:  # the model stays loaded while a request is handled
+            worker.in_flight += 1
+            worker.last_activity = time.monotonic()
+            asleep = worker.sleeping
         try:
-            await self.server.wake()
+            if asleep:
+                try:
+                    await self.server.wake()
+                except ApiError as err:
+                    await send_simple(send, err.code, err.body(), JSON_TYPE, cors)
+                    return
             await self._pass(scope, receive, send, cors)
         finally:
-            worker.in_flight -= 1
+            with worker.sleep_lock:
+                worker.in_flight -= 1
+                worker.last_activity = time.monotonic()
 
     async def _pass(
         self, scope: Scope, receive: Receive, send: Send, cors: list[tuple[bytes, bytes]]

@@ -53,14 +53,30 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     chat["messages"] = messages
     if body.get("tools"):
         chat["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(body["tools"])]
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict):
-        chat["tool_choice"] = {"type": "function", "function": {"name": str(choice.get("name"))}}
-    elif choice is not None:
-        chat["tool_choice"] = choice
+    chat.update(_choices(body))
     if chat.get("stream"):
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def _choices(body: dict[str, Any]) -> dict[str, Any]:
+    """The request's tool choice and text format as chat fields."""
+    out: dict[str, Any] = {}
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not choice.get("name"):
+            raise ApiError("tool_choice: auto, none, required or a function by name")
+        out["tool_choice"] = {"type": "function", "function": {"name": str(choice["name"])}}
+    elif choice is not None:
+        out["tool_choice"] = choice
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
+        out["response_format"] = {"type": "json_schema", "json_schema": schema}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        out["response_format"] = {"type": "json_object"}
+    return out
 
 
 def _text(content: Any, where: str) -> str:
@@ -223,6 +239,7 @@ class ResponseStream:
         self.open: dict[str, Any] | None = None  # the output item being written
         self.finish = "stop"
         self.usage: dict[str, Any] | None = None
+        self.failed = False  # an error ended the stream (response.failed was sent)
 
     def event(self, kind: str, data: dict[str, Any]) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **data}
@@ -243,7 +260,8 @@ class ResponseStream:
         self.open = item
         self.output.append(item)
         index = len(self.output) - 1
-        out.append(self.event("response.output_item.added", {"output_index": index, "item": item}))
+        shown = {k: v for k, v in item.items() if not k.startswith("_")}
+        out.append(self.event("response.output_item.added", {"output_index": index, "item": shown}))
         if item["type"] == "message":
             part = {"type": "output_text", "text": "", "annotations": []}
             out.append(
@@ -272,6 +290,11 @@ class ResponseStream:
             out.append(self.event("response.output_text.done", {**ids, "text": text}))
             out.append(self.event("response.content_part.done", {**ids, "part": part}))
             item.update(_message_item(item["id"], text))
+        elif item["type"] == "reasoning":
+            text = item.pop("_text", "")
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            out.append(self.event("response.reasoning_text.done", {**ids, "text": text}))
+            item["content"] = [{"type": "reasoning_text", "text": text}]
         elif item["type"] == "function_call":
             ids = {"item_id": item["id"], "output_index": index}
             out.append(
@@ -287,12 +310,37 @@ class ResponseStream:
         if "error" in chunk:
             err = chunk["error"]
             message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-            return [self.event("error", {"code": None, "message": message, "param": None})]
+            self.failed = True
+            failed = response_object(
+                self.rid, self.model, self.body, self.output, status="failed", usage=self.usage
+            )
+            failed["error"] = {"code": "server_error", "message": message}
+            return [
+                self.event("error", {"code": "server_error", "message": message, "param": None}),
+                self.event("response.failed", {"response": failed}),
+            ]
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         out: list[bytes] = []
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                if self.open is None or self.open["type"] != "reasoning":
+                    item = {"type": "reasoning", "id": _id("rs"), "summary": [], "_text": ""}
+                    out += self._open(item)
+                assert self.open is not None
+                self.open["_text"] += delta["reasoning_content"]
+                out.append(
+                    self.event(
+                        "response.reasoning_text.delta",
+                        {
+                            "item_id": self.open["id"],
+                            "output_index": len(self.output) - 1,
+                            "content_index": 0,
+                            "delta": delta["reasoning_content"],
+                        },
+                    )
+                )
             if delta.get("content"):
                 if self.open is None or self.open["type"] != "message":
                     out += self._open({**_message_item(_id("msg"), "", "in_progress"), "_text": ""})
@@ -381,6 +429,8 @@ async def _events(chunks: AsyncIterator[bytes], stream: ResponseStream) -> Async
             continue
         for out in stream.feed(json.loads(raw[len(b"data: ") :])):
             yield out
+        if stream.failed:
+            return
     for out in stream.end():
         yield out
 

@@ -49,9 +49,9 @@ class Server:
         self.speculative = model.engine.speculation is not None
 
     async def wake(self) -> None:
-        """Load the model again if the server sleeps (--sleep-idle-seconds)."""
-        if self.worker.sleeping:
-            await asyncio.wrap_future(self.worker.call(lambda model: None))
+        """Load the model again (the server sleeps: --sleep-idle-seconds); returns once it
+        is in. The call waits in the worker's queue until the model was freed and loaded."""
+        await asyncio.wrap_future(self.worker.call(lambda model: None))
 
     @property
     def model(self) -> LoadedModel:
@@ -100,9 +100,11 @@ class Server:
         kept = self._prompts.get(i)
         if kept is not None and kept[0] == key:
             return kept[1]
-        if self.worker.sleeping or self.worker.model is None:
-            return ""
-        text = self.prompt_text(list(tokens))
+        with self.worker.sleep_lock:  # the worker frees the model only after it says so
+            model = self.worker.model
+            if self.worker.sleeping or model is None:
+                return ""
+            text = model.engine.detokenize(list(tokens), special=True)
         self._prompts[i] = (key, text)
         return text
 

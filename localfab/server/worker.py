@@ -15,6 +15,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,10 @@ class EngineWorker:
         self.sleep_idle = sleep_idle if callable(source) else -1
         self.sleeping = False
         self.in_flight = 0  # requests being handled (the Gate counts them): no sleep meanwhile
+        self.last_activity = time.monotonic()  # a request's start or end (the idle clock)
+        # Held while deciding to sleep, and by the Gate while it counts a request in and reads
+        # `sleeping`: a request either keeps the model awake or sees that it must wake it.
+        self.sleep_lock = threading.Lock()
         self._going_to_sleep = False
         self._held: Any = None  # the item that woke the worker, run first
         # Idle conversations' prompts, kept when a slot takes another and restored when they
@@ -175,7 +180,10 @@ class EngineWorker:
         self.sleeping = True
         log.info("sleeping: the model left memory after %.0f s idle", self.sleep_idle)
         item = self._queue.get()
-        if item is STOP:
+        if item is STOP or self._stopping:  # shutting down: nothing is loaded again
+            if item is not STOP:
+                self.load_error = ApiError("the server is shutting down", "unavailable_error")
+                self._fail(item)
             return False
         try:
             self._load()
@@ -192,7 +200,11 @@ class EngineWorker:
         return True
 
     def _fail(self, item: Any) -> None:
-        err = ApiError(f"the model could not be loaded again: {self.load_error}", "server_error")
+        err = (
+            self.load_error
+            if isinstance(self.load_error, ApiError)
+            else ApiError(f"the model could not be loaded again: {self.load_error}", "server_error")
+        )
         if isinstance(item, tuple):
             item[1].set_exception(err)
         elif isinstance(item, Job):
@@ -206,16 +218,24 @@ class EngineWorker:
         if self._held is not None:
             item, self._held = self._held, None
             return item
-        timeout = self.sleep_idle if block and self.sleep_idle >= 0 else None
         while True:
+            timeout = None
+            if block and self.sleep_idle > 0:
+                idle = time.monotonic() - self.last_activity
+                timeout = max(0.05, self.sleep_idle - idle)
             try:
                 return self._queue.get(block, timeout)
             except queue.Empty:
                 if not block:
                     return None
-                if self.in_flight == 0:
-                    self._going_to_sleep = True
-                    return STOP
+                with self.sleep_lock:
+                    idle = time.monotonic() - self.last_activity
+                    if self.in_flight == 0 and idle >= self.sleep_idle:
+                        # Said at once: a request from now on wakes the model (its call
+                        # waits in the queue until the model is freed and loaded again).
+                        self.sleeping = True
+                        self._going_to_sleep = True
+                        return STOP
 
     def run_call(self, item: tuple[Callable[[LoadedModel], Any], Any]) -> None:
         fn, future = item

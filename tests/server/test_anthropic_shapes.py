@@ -171,3 +171,13 @@ def test_a_whole_answer() -> None:
     ]
     assert message["stop_reason"] == "max_tokens"
     assert message["usage"] == {"input_tokens": 5, "output_tokens": 7}
+
+
+def test_an_error_ends_the_stream() -> None:
+    stream = MessageStream("m")
+    stream.start("chatcmpl-1")
+    stream.feed({"choices": [{"delta": {"content": "Par"}}]})
+    (raw,) = stream.feed({"error": {"message": "the slot crashed"}})
+    event = json.loads(raw.decode().split("\ndata: ", 1)[1])
+    assert event == {"type": "error", "error": {"type": "api_error", "message": "the slot crashed"}}
+    assert stream.failed  # the stream ends there: no message_delta / message_stop

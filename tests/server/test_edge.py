@@ -128,9 +128,21 @@ async def _echo(request: Request) -> Response:
     return JSONResponse({"path": request.url.path})
 
 
+def stand_in_worker() -> Any:
+    """What the Gate reads of a worker: loaded, awake, no load error."""
+    return SimpleNamespace(
+        ready=threading.Event(),
+        load_error=None,
+        sleeping=False,
+        sleep_lock=threading.Lock(),
+        in_flight=0,
+        last_activity=0.0,
+    )
+
+
 def gate_app(**settings: Any) -> Gate:
     """The Gate in front of a trivial app, with a ready stand-in worker: no model needed."""
-    server = Server(SimpleNamespace(ready=threading.Event()), ServerSettings(**settings))  # type: ignore[arg-type]
+    server = Server(stand_in_worker(), ServerSettings(**settings))
     server.worker.ready.set()
     server.info = object()  # type: ignore[assignment]
     inner = Starlette(routes=[Route("/{p:path}", _echo, methods=["GET", "POST"])])
@@ -269,7 +281,7 @@ def test_api_key_is_compared_as_the_bytes_sent() -> None:
 
 
 def test_lone_surrogate_in_json_is_400_before_any_handler() -> None:
-    server = Server(SimpleNamespace(ready=threading.Event()), ServerSettings())  # type: ignore[arg-type]
+    server = Server(stand_in_worker(), ServerSettings())
 
     async def handler(request: Request) -> Response:
         from localfab.server.errors import ApiError

@@ -53,3 +53,19 @@ def test_asking_for_the_web_ui_says_there_is_none(model_path: Path) -> None:
     finally:
         log = server.stop()
     assert "there is no web UI" in log
+
+
+def test_a_sleep_of_zero_seconds_is_refused(lf_env: dict[str, str], tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.conftest import LOCALFAB
+
+    done = subprocess.run(
+        [str(LOCALFAB), "serve", str(tmp_path / "none.gguf"), "--sleep-idle-seconds", "0"],
+        env=lf_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "--sleep-idle-seconds 0: give a number of seconds above 0, or -1" in done.stderr

@@ -129,3 +129,41 @@ def test_a_whole_answer_with_reasoning() -> None:
     items = output_items({"content": "Hi", "reasoning_content": "Hmm."})
     assert [i["type"] for i in items] == ["reasoning", "message"]
     assert items[1]["content"] == [{"type": "output_text", "text": "Hi", "annotations": []}]
+
+
+def test_a_failed_stream_says_so_and_stops() -> None:
+    stream = ResponseStream("resp_1", "m", {"input": "x"})
+    stream.feed({"choices": [{"delta": {"content": "Par"}}]})
+    raw = stream.feed({"error": {"message": "the slot crashed"}})
+    events = [json.loads(r.decode().split("\ndata: ", 1)[1]) for r in raw]
+    assert [e["type"] for e in events] == ["error", "response.failed"]
+    assert events[1]["response"]["status"] == "failed"
+    assert events[1]["response"]["error"]["message"] == "the slot crashed"
+    assert stream.failed
+
+
+def test_a_thought_streams_as_a_reasoning_item() -> None:
+    stream = ResponseStream("resp_1", "m", {"input": "x"})
+    raw = stream.feed({"choices": [{"delta": {"reasoning_content": "Hmm."}}]})
+    raw += stream.feed({"choices": [{"delta": {"content": "Hi"}}]})
+    raw += stream.end()
+    events = [json.loads(r.decode().split("\ndata: ", 1)[1]) for r in raw]
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["response.output_item.added", "response.reasoning_text.delta"]
+    assert "response.reasoning_text.done" in kinds
+    assert all('"_text"' not in json.dumps(e) for e in events)  # no private field leaks
+    reasoning, message = events[-1]["response"]["output"]
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "Hmm."}]
+    assert message["content"][0]["text"] == "Hi"
+
+
+def test_choices_and_formats() -> None:
+    chat = to_chat(
+        {"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {}}}}
+    )
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "n", "schema": {}},
+    }
+    with pytest.raises(ApiError, match="tool_choice"):
+        to_chat({"input": "x", "tool_choice": {"type": "allowed_tools"}})
