@@ -124,7 +124,15 @@ class Gate:
         if (scope["method"], scope["path"]) in READ_ONLY:
             await self._pass(scope, receive, send, cors)
             return
-        with worker.sleep_lock:  # the model stays loaded while a request is handled
+        await self._awake(scope, receive, send, cors)
+
+    async def _awake(
+        self, scope: Scope, receive: Receive, send: Send, cors: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Pass a request on with the model in memory: counted in (the worker does not sleep
+        while one is handled), after waking a sleeping model (--sleep-idle-seconds)."""
+        worker = self.server.worker
+        with worker.sleep_lock:
             worker.in_flight += 1
             worker.last_activity = time.monotonic()
             asleep = worker.sleeping

@@ -325,65 +325,46 @@ class ResponseStream:
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
-                if self.open is None or self.open["type"] != "reasoning":
-                    item = {"type": "reasoning", "id": _id("rs"), "summary": [], "_text": ""}
-                    out += self._open(item)
-                assert self.open is not None
-                self.open["_text"] += delta["reasoning_content"]
-                out.append(
-                    self.event(
-                        "response.reasoning_text.delta",
-                        {
-                            "item_id": self.open["id"],
-                            "output_index": len(self.output) - 1,
-                            "content_index": 0,
-                            "delta": delta["reasoning_content"],
-                        },
-                    )
-                )
+                out += self._text_delta("reasoning", delta["reasoning_content"])
             if delta.get("content"):
-                if self.open is None or self.open["type"] != "message":
-                    out += self._open({**_message_item(_id("msg"), "", "in_progress"), "_text": ""})
-                assert self.open is not None
-                self.open["_text"] += delta["content"]
-                out.append(
-                    self.event(
-                        "response.output_text.delta",
-                        {
-                            "item_id": self.open["id"],
-                            "output_index": len(self.output) - 1,
-                            "content_index": 0,
-                            "delta": delta["content"],
-                        },
-                    )
-                )
+                out += self._text_delta("message", delta["content"])
             for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                if call.get("id") or self.open is None or self.open["type"] != "function_call":
-                    out += self._open(
-                        _call_item(
-                            _id("fc"),
-                            call.get("id", ""),
-                            function.get("name", ""),
-                            "",
-                            "in_progress",
-                        )
-                    )
-                assert self.open is not None
-                if function.get("arguments"):
-                    self.open["arguments"] += function["arguments"]
-                    out.append(
-                        self.event(
-                            "response.function_call_arguments.delta",
-                            {
-                                "item_id": self.open["id"],
-                                "output_index": len(self.output) - 1,
-                                "delta": function["arguments"],
-                            },
-                        )
-                    )
+                out += self._call_delta(call)
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
+        return out
+
+    def _text_delta(self, kind: str, text: str) -> list[bytes]:
+        """Text of a reasoning item or of a message, in the item of that kind (opened)."""
+        out: list[bytes] = []
+        if self.open is None or self.open["type"] != kind:
+            if kind == "reasoning":
+                item = {"type": "reasoning", "id": _id("rs"), "summary": [], "_text": ""}
+            else:
+                item = {**_message_item(_id("msg"), "", "in_progress"), "_text": ""}
+            out += self._open(item)
+        assert self.open is not None
+        self.open["_text"] += text
+        name = (
+            "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        )
+        ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1, "content_index": 0}
+        out.append(self.event(name, {**ids, "delta": text}))
+        return out
+
+    def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
+        """A piece of a function call: a new call (it has an id) opens an item."""
+        out: list[bytes] = []
+        function = call.get("function") or {}
+        if call.get("id") or self.open is None or self.open["type"] != "function_call":
+            name = function.get("name", "")
+            out += self._open(_call_item(_id("fc"), call.get("id", ""), name, "", "in_progress"))
+        assert self.open is not None
+        if function.get("arguments"):
+            self.open["arguments"] += function["arguments"]
+            ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
+            delta = {**ids, "delta": function["arguments"]}
+            out.append(self.event("response.function_call_arguments.delta", delta))
         return out
 
     def end(self) -> list[bytes]:
