@@ -11,6 +11,7 @@ the next step (a client that went away frees its slot at once).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import queue
@@ -35,6 +36,17 @@ if TYPE_CHECKING:
     from localfab.runtime import LoadedModel
 
 log = logging.getLogger("localfab.server")
+
+
+def give_back_memory() -> None:
+    """Return the C heap's freed memory to the system (glibc keeps large freed blocks for
+    reuse: a sleeping server's RSS would hardly fall); a no-op elsewhere."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class EngineWorker:
@@ -177,6 +189,7 @@ class EngineWorker:
         self.prompt_cache.clear()
         if model is not None:
             model.close()
+        give_back_memory()
         self.sleeping = True
         log.info("sleeping: the model left memory after %.0f s idle", self.sleep_idle)
         item = self._queue.get()
