@@ -135,6 +135,22 @@ class RemoteEngine(ServerSideCache):
                 "with_pieces": True,
             },
         )
+        tokens = self._keep_pieces(reply)
+        self._tokens[key] = tokens
+        if len(self._tokens) > TOKENIZE_CACHE:
+            self._tokens.popitem(last=False)
+        return list(tokens)
+
+    def learn(self, tokens: Sequence[int]) -> None:
+        """Ask the server once for the pieces of the tokens not known here yet."""
+        unknown = sorted({t for t in tokens if t >= 0 and t not in self._pieces})
+        if not unknown:
+            return
+        self._keep_pieces(self.client.post("/tokenize", {"content": unknown, "with_pieces": True}))
+
+    def _keep_pieces(self, reply: Any) -> list[int]:
+        """The ids of a /tokenize answer, each one's piece kept (a string, or the bytes of
+        one that is not whole UTF-8, as llama-server sends them)."""
         tokens: list[int] = []
         for item in reply.get("tokens", []) if isinstance(reply, dict) else []:
             if isinstance(item, dict):
@@ -146,44 +162,23 @@ class RemoteEngine(ServerSideCache):
             else:
                 token = int(item)
             tokens.append(token)
-        self._tokens[key] = tokens
-        if len(self._tokens) > TOKENIZE_CACHE:
-            self._tokens.popitem(last=False)
-        return list(tokens)
+        return tokens
 
-    def learn(self, tokens: Sequence[int]) -> None:
-        """Ask the server once for the pieces of the tokens not known here yet."""
-        unknown = sorted({t for t in tokens if t >= 0 and t not in self._pieces})
-        if not unknown:
-            return
-        reply = self.client.post("/tokenize", {"content": unknown, "with_pieces": True})
-        for item in reply.get("tokens", []) if isinstance(reply, dict) else []:
-            if isinstance(item, dict):
-                piece = item.get("piece", "")
-                self._pieces[int(item["id"])] = (
-                    piece.encode("utf-8") if isinstance(piece, str) else bytes(piece)
-                )
-
-    def settle(self, tokens: list[int], text: str, stop_type: str) -> list[int]:
-        """The token ids of a streamed reply as they spell its text exactly: without the
-        end-of-generation token llama-server sends last, and without the tokens of a character
-        cut in two at the end (its text was held back; a continuation writes it again). Where
+    def settle(self, tokens: list[int], text: str) -> list[int]:
+        """The token ids of a streamed reply as they spell its text exactly: without a tail the
+        text does not hold (the end-of-generation token llama-server sends last; the tokens of a
+        character cut in two at the end, whose text was held back: a continuation writes it
+        again). Where
         the streamed ids do not spell the text (llama-server leaves out the ids of tokens that
         end inside a character), the text is tokenized instead."""
         self.learn(tokens)
         want = text.encode("utf-8")
         spelled = b"".join(self._pieces.get(t, b"") for t in tokens)
-        if spelled == want:
-            return tokens
-        if stop_type == "eos" and tokens and spelled.endswith(self._pieces.get(tokens[-1], b"")):
-            head = spelled[: len(spelled) - len(self._pieces.get(tokens[-1], b""))]
-            if head == want:
-                return tokens[:-1]
-        if spelled.startswith(want):  # a character cut in two at the end
-            kept = list(tokens)
-            while kept and b"".join(self._pieces.get(t, b"") for t in kept) != want:
-                kept.pop()
-            if b"".join(self._pieces.get(t, b"") for t in kept) == want:
+        if spelled.startswith(want):  # exactly, or with a tail the text does not hold
+            kept, size = list(tokens), len(spelled)
+            while size > len(want):
+                size -= len(self._pieces.get(kept.pop(), b""))
+            if size == len(want):
                 return kept
         return self.tokenize(text, add_special=False, parse_special=False) if text else []
 

@@ -31,7 +31,7 @@ class Server(Protocol):
     client: RemoteClient
     n_ctx: int
 
-    def settle(self, tokens: list[int], text: str, stop_type: str) -> list[int]: ...
+    def settle(self, tokens: list[int], text: str) -> list[int]: ...
 
 
 FINISH: dict[str, tuple[FinishReason, StopType]] = {
@@ -123,7 +123,7 @@ class RemoteReply:
                 self.timings = chunk.get("timings") or {}
                 self.stopping_word = str(chunk.get("stopping_word") or "")
                 predicted = int(chunk.get("tokens_predicted") or len(ids))
-        self.generated += self.engine.settle(ids, "".join(texts), stop_type)
+        self.generated += self.engine.settle(ids, "".join(texts))
         return stop_type, predicted or len(ids)
 
     def _body(self, prompt: list[int], n_predict: int) -> dict[str, Any]:
