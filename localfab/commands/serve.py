@@ -15,7 +15,9 @@ import click
 
 from localfab.commands.running import RunningServer, forget_server, record_server
 from localfab.commands.serve_flags import (
+    aip_port,
     allowed_origins,
+    api_keys,
     cache_disk,
     cache_ram_limit,
     llama_server_options,
@@ -265,6 +267,7 @@ def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Confi
             raise UsageError("--api-key must not be empty")
     options["api_keys"] = api_keys(options["api_keys"], options["api_key_file"])
     options["allowed_origins"] = allowed_origins(options["allowed_origins"])
+    options["port"] = aip_port(options["port"])
 
     from localfab.config import Config, default_paths
     from localfab.runtime import choose_model
@@ -286,18 +289,6 @@ def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Confi
         click.echo(f"localfab: warning: {warning}", err=True)
     choice.plan.require_fit()
     return choice, config
-
-
-def api_keys(given: tuple[str, ...], key_file: str | None) -> tuple[str, ...]:
-    """The keys to require: --api-key (else LLAMA_API_KEY), plus those in --api-key-file."""
-    from localfab.server.edge import API_KEY_ENV, read_key_file
-
-    keys = list(given)
-    if not keys and os.environ.get(API_KEY_ENV, "").strip():
-        keys.append(os.environ[API_KEY_ENV].strip())
-    if key_file is not None:
-        keys += read_key_file(key_file)
-    return tuple(dict.fromkeys(keys))
 
 
 # Sampling flags and the config.toml / LOCALFAB_* setting each one defaults to.
@@ -362,6 +353,7 @@ def _settings(
         alias=options["alias"],
         tags=tuple(t.strip() for t in options.get("tags", "").split(",") if t.strip()),
         sleep_idle_seconds=options.get("sleep_idle_seconds", -1),
+        spm_infill=options.get("spm_infill", False),
         api_keys=tuple(options["api_keys"]),
         metrics=options["metrics"],
         slots=options["slots"],

@@ -18,7 +18,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def llama_server_options(f: F) -> F:
     """llama-server's flags that its own tests pass and that only serving has:
-    --sleep-idle-seconds, --tags, --offline, --ui/--no-ui."""
+    --sleep-idle-seconds, --tags, --offline, --ui/--no-ui, --spm-infill."""
+    f = click.option(
+        "--spm-infill",
+        is_flag=True,
+        help="/infill prompts in suffix-prefix-middle order (for the models trained so; "
+        "default: prefix-suffix-middle).",
+    )(f)
     f = click.option(
         "--ui/--no-ui",
         "--webui/--no-webui",
@@ -109,3 +115,25 @@ def allowed_origins(given: tuple[str, ...]) -> tuple[str, ...]:
     # llama-server's `localhost` (only local pages): localhost origins are always allowed.
     given = tuple(",".join(p for p in g.split(",") if p.strip() != "localhost") for g in given)
     return split_origins(given)
+
+
+def api_keys(given: tuple[str, ...], key_file: str | None) -> tuple[str, ...]:
+    """The keys to require: --api-key (else LLAMA_API_KEY), plus those in --api-key-file."""
+    from localfab.server.edge import API_KEY_ENV, read_key_file
+
+    keys = list(given)
+    if not keys and os.environ.get(API_KEY_ENV, "").strip():
+        keys.append(os.environ[API_KEY_ENV].strip())
+    if key_file is not None:
+        keys += read_key_file(key_file)
+    return tuple(dict.fromkeys(keys))
+
+
+def aip_port(port: int) -> int:
+    """Vertex AI's AIP_HTTP_PORT in its prediction mode (AIP_MODE=PREDICTION), else `port`."""
+    from localfab.server.gcp import port as gcp_port
+
+    chosen = gcp_port(port)
+    if chosen != port:
+        click.echo(f"localfab: AIP_MODE: listening on AIP_HTTP_PORT {chosen}", err=True)
+    return chosen

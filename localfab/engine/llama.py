@@ -260,6 +260,16 @@ class Engine:
     def add_bos(self) -> bool:
         return bool(lc.llama_vocab_get_add_bos(self._vocab))
 
+    def fim_tokens(self) -> dict[str, int]:
+        """The vocabulary's fill-in-the-middle tokens that it has: pre, suf, mid, pad, rep, sep
+        (from the GGUF keys, or found by their text as llama.cpp does)."""
+        vocab, found = self._vocab, {}
+        for name in ("pre", "suf", "mid", "pad", "rep", "sep"):
+            token = int(getattr(lc, f"llama_vocab_fim_{name}")(vocab))
+            if token >= 0:
+                found[name] = token
+        return found
+
     def token_text(self, token: int) -> str:
         raw = lc.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", errors="replace") if raw else ""

@@ -43,7 +43,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from localfab.server import anthropic, completions, info, responses, slot_files
+from localfab.errors import LocalfabError
+from localfab.server import anthropic, completions, gcp, infill, info, responses, slot_files
 from localfab.server.gate import Gate
 from localfab.server.model_info import model_info
 from localfab.server.plumbing import not_found, wrap
@@ -82,6 +83,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/v1/responses/input_tokens", "POST", responses.input_tokens),
     ("/chat/completions/input_tokens", "POST", completions.chat_input_tokens),
     ("/v1/chat/completions/input_tokens", "POST", completions.chat_input_tokens),
+    ("/infill", "POST", infill.infill),
     ("/apply-template", "POST", completions.apply_template),
     ("/tokenize", "POST", info.tokenize),
     ("/detokenize", "POST", info.detokenize),
@@ -147,6 +149,8 @@ def create_app(
         Route(path, wrap(functools.partial(handler, server)), methods=[method])
         for path, method, handler in ROUTES
     ]
+    if gcp.enabled():
+        routes += _gcp_routes(routes, settings)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -156,6 +160,24 @@ def create_app(
     app.state.server = server
     app.state.worker = worker
     return app
+
+
+def _gcp_routes(routes: list[Route], settings: ServerSettings) -> list[Route]:
+    """Vertex AI's predict route (and its health route, if named) over the other endpoints."""
+    taken = {r.path for r in routes}
+    predict = gcp.route("AIP_PREDICT_ROUTE", "/predict")
+    if predict in taken:
+        raise LocalfabError(
+            f"AIP_PREDICT_ROUTE={predict} conflicts with an existing llama-server route: "
+            "choose another path"
+        )
+    endpoints = gcp.Predict(((r.path, r.endpoint) for r in routes), settings)
+    added = [Route(str(predict), wrap(endpoints), methods=["POST"])]
+    health = gcp.route("AIP_HEALTH_ROUTE", None)
+    if health is not None and health not in taken:
+        health_endpoint = next(r.endpoint for r in routes if r.path == "/health")
+        added.append(Route(health, health_endpoint, methods=["GET"]))
+    return added
 
 
 def _worker(source: Any, settings: ServerSettings, ledger: LedgerWriter | None) -> EngineWorker:

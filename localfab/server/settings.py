@@ -22,6 +22,7 @@ class ServerSettings:
     alias: str | None = None  # --alias: overrides model_name
     tags: tuple[str, ...] = ()  # --tags: informational, listed in /v1/models
     sleep_idle_seconds: float = -1  # --sleep-idle-seconds: free the model when idle (-1: never)
+    spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
     api_keys: tuple[str, ...] = ()  # --api-key (repeatable); empty: no authentication
     metrics: bool = False  # --metrics: enable /metrics
     slots: bool = True  # --no-slots turns /slots off
