@@ -24,6 +24,7 @@ from localfab.commands.serve_flags import (
     slot_folder,
     template_kwargs,
 )
+from localfab.commands.serve_router import router_options, serve_router
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.commands.thinking import (
     budget_options,
@@ -215,6 +216,7 @@ def is_loopback(host: str) -> bool:
     "default). Default: LOCALFAB_ORIGINS.",
 )
 @llama_server_options
+@router_options
 @click.option(
     "--no-ledger",
     "no_ledger",
@@ -238,8 +240,8 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
 
     setup_logging(options["verbose"])
     name = model_opt or model_arg
-    if not name:
-        raise UsageError("no model: give it as an argument or with -m")
+    if not name:  # llama-server's router mode: models loaded as requests name them
+        return serve_router(options, server_settings, serve_wishes)
     if model_opt and model_arg and model_opt != model_arg:
         raise UsageError("give the model once, either as MODEL or with -m")
     if options.pop("web_ui", None):
@@ -284,7 +286,7 @@ def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Confi
             err=True,
         )
     # The planner's choice, with the user's flags as wishes (the same path as `run`).
-    choice = choose_model(name, paths, _wishes(options, config), require_fit=False)
+    choice = choose_model(name, paths, serve_wishes(options, config), require_fit=False)
     for warning in choice.plan.warnings:
         click.echo(f"localfab: warning: {warning}", err=True)
     choice.plan.require_fit()
@@ -310,7 +312,7 @@ def sampling_defaults(options: dict[str, Any], config: Config) -> dict[str, Any]
     }
 
 
-def _wishes(options: dict[str, Any], config: Config) -> Wishes:
+def serve_wishes(options: dict[str, Any], config: Config) -> Wishes:
     """The planner's wishes from the user's flags, config.toml as the defaults."""
     from localfab.runtime import wishes_from_options
 
@@ -342,7 +344,7 @@ def _ledger(options: dict[str, Any], config: Config) -> Any:
     return LedgerWriter(Ledger(ledger_path(default_paths().data_dir)))
 
 
-def _settings(
+def server_settings(
     name: str, options: dict[str, Any], config: Config, cache_budget: int | None = None
 ) -> ServerSettings:
     """The server's settings from the command line and the configured sampling defaults."""
@@ -420,7 +422,7 @@ def server_app(
     from localfab.server import create_app
     from localfab.server.runner import connection_cap
 
-    settings = _settings(name, options, config, choice.plan.prompt_cache)
+    settings = server_settings(name, options, config, choice.plan.prompt_cache)
     loader = _loader(choice, options, settings.n_parallel)
     max_connections = connection_cap(settings.max_connections)
     if max_connections < settings.max_connections:

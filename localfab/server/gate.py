@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -17,9 +17,21 @@ from localfab.server.errors import ApiError
 from localfab.server.plumbing import JSON_TYPE, send_simple
 
 if TYPE_CHECKING:
-    from localfab.server.state import Server
+    from localfab.server.settings import ServerSettings
 
 log = logging.getLogger("localfab.server")
+
+
+class Guarded(Protocol):
+    """What the gate reads of the server behind it (a model's, or the router)."""
+
+    settings: ServerSettings
+    worker: Any  # ready, load_error, sleeping, sleep_lock, in_flight, last_activity
+    info: Any  # None while the model loads
+    key_ok: Any  # headers -> whether they carry a valid key
+
+    async def wake(self) -> None: ...
+
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 # What a sleeping server answers without loading its model again (llama-server's read-only
@@ -42,7 +54,7 @@ class Gate:
     origin is refused with 403, so a web page cannot read answers or start generations.
     """
 
-    def __init__(self, app: ASGIApp, server: Server) -> None:
+    def __init__(self, app: ASGIApp, server: Guarded) -> None:
         self.app = app
         self.server = server
         self.origins = OriginRule(server.settings.allowed_origins)
