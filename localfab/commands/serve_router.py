@@ -188,7 +188,12 @@ def serve_router(
         resolve=resolve,
     )
     settings = settings_of("router", options, config)
-    app = create_router_app(pool, settings, autoload=options["models_autoload"])
+    app = create_router_app(
+        pool,
+        settings,
+        autoload=options["models_autoload"],
+        rescan=lambda: find_models(options, paths),
+    )
     server = make_foreground_server(
         app,
         host=options["host"],

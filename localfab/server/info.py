@@ -150,7 +150,7 @@ async def models(server: Server, request: Request) -> Response:
             "data": [
                 {
                     "id": info.name,
-                    "aliases": [info.name],
+                    "aliases": list(server.settings.aliases) or [info.name],
                     "tags": list(server.settings.tags),
                     "object": "model",
                     "created": int(time.time()),

@@ -29,6 +29,7 @@ from localfab.server.errors import ApiError
 from localfab.server.gate import Gate
 from localfab.server.keys import KeyCheck
 from localfab.server.plumbing import json_response, not_found, read_json, wrap
+from localfab.server.router_models import RouterModel
 from localfab.server.router_pool import Instance, Pool
 from localfab.server.settings import ServerSettings
 
@@ -63,8 +64,16 @@ class _Awake:
 class Router:
     """The router's state, as its endpoints and the Gate see it."""
 
-    def __init__(self, pool: Pool, settings: ServerSettings, *, autoload: bool) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        settings: ServerSettings,
+        *,
+        autoload: bool,
+        rescan: Callable[[], dict[str, RouterModel]] | None = None,
+    ) -> None:
         self.pool = pool
+        self.rescan = rescan  # the sources read again (GET /models?reload=1)
         self.settings = settings
         self.autoload = autoload
         self.key_ok = KeyCheck(settings.api_keys)
@@ -211,6 +220,8 @@ async def props(router: Router, request: Request) -> Response:
 
 
 async def models(router: Router, request: Request) -> Response:
+    if request.query_params.get("reload") and router.rescan is not None:
+        await router.pool.replace_models(await asyncio.to_thread(router.rescan))
     data = []
     for model in router.pool.models.values():
         inst = router.pool.instances.get(model.id)
@@ -289,9 +300,15 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
 )
 
 
-def create_router_app(pool: Pool, settings: ServerSettings, *, autoload: bool = True) -> Starlette:
+def create_router_app(
+    pool: Pool,
+    settings: ServerSettings,
+    *,
+    autoload: bool = True,
+    rescan: Callable[[], dict[str, RouterModel]] | None = None,
+) -> Starlette:
     """The ASGI app of a router over `pool`; its models' processes end with the app."""
-    router = Router(pool, settings, autoload=autoload)
+    router = Router(pool, settings, autoload=autoload, rescan=rescan)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

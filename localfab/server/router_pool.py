@@ -130,6 +130,22 @@ class Pool:
         async with self.changed:
             self.changed.notify_all()
 
+    async def replace_models(self, models: dict[str, RouterModel]) -> None:
+        """The sources read again: a running model that is gone or whose file or flags changed
+        is unloaded (and waited for); the others keep their state."""
+        changed = [
+            inst
+            for name, inst in self.instances.items()
+            if name not in models
+            or (models[name].path, models[name].hf_repo, models[name].args)
+            != (inst.model.path, inst.model.hf_repo, inst.model.args)
+        ]
+        await asyncio.gather(*(self.stop(inst) for inst in changed if inst.running))
+        for inst in changed:
+            del self.instances[inst.model.id]
+        self.models = models
+        await self.notify()
+
     # --- room ----------------------------------------------------------------------------------
 
     def check_fits_alone(self, inst: Instance) -> None:

@@ -84,5 +84,11 @@ class ServerSettings:
         return out
 
     @property
+    def aliases(self) -> tuple[str, ...]:
+        """--alias a,b,c: the names clients may use, in llama-server's (sorted) order."""
+        return tuple(sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()}))
+
+    @property
     def public_model_name(self) -> str:
-        return self.alias or self.model_name
+        """The model's id: the first alias, as llama-server names it, else the model's name."""
+        return self.aliases[0] if self.aliases else self.model_name
