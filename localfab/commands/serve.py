@@ -55,10 +55,13 @@ DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
 
 
 def is_loopback(host: str) -> bool:
-    """Whether binding `host` only accepts connections from this machine."""
+    """Whether binding `host` (or each of a comma-separated list) only accepts connections
+    from this machine."""
     import ipaddress
     import socket
 
+    if "," in host:
+        return all(is_loopback(h.strip()) for h in host.split(","))
     if host in ("localhost", ""):
         return host == "localhost"
     try:

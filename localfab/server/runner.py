@@ -290,12 +290,35 @@ def make_foreground_server(
     return CancellingServer(config, on_exit=on_exit)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a UsageError saying why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror})") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
 class CancellingServer(uvicorn.Server):
     """On SIGINT/SIGTERM, first cancel running generations so shutdown does not wait for them."""
 
     def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve; on each address of a comma-separated --host (as llama-server)."""
+        hosts = [h.strip() for h in self.config.host.split(",") if h.strip()]
+        if sockets is None and len(hosts) > 1:
+            sockets = [_listen(h.strip("[]"), self.config.port) for h in hosts]
+        super().run(sockets=sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         # Not recorded in uvicorn's _captured_signals: it would re-raise the signal after

@@ -69,3 +69,25 @@ def test_a_sleep_of_zero_seconds_is_refused(lf_env: dict[str, str], tmp_path: Pa
     )
     assert done.returncode != 0
     assert "--sleep-idle-seconds 0: give a number of seconds above 0, or -1" in done.stderr
+
+
+def test_several_addresses_and_aliases(model_path: Path) -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    server = ServerProcess(model_path, "--host", "127.0.0.1,::1", "--alias", "b-name,a-name")
+    server.wait_ready()
+    try:
+        for host in ("127.0.0.1", "[::1]"):
+            url = f"http://{host}:{server.port}"
+            model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
+            assert model["id"] == "a-name"  # the first in sorted order, as llama-server
+            assert model["aliases"] == ["a-name", "b-name"]
+            answer = httpx.post(url + "/completion", json={"prompt": "Hi", "n_predict": 2})
+            assert answer.status_code == 200 and answer.json()["model"] == "a-name"
+    finally:
+        server.stop()
