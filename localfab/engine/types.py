@@ -285,12 +285,19 @@ class Timings:
         return 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0
 
     @property
+    def predicted_steps(self) -> int:
+        """Tokens decoded within predicted_ms: the first one comes with the prompt's time."""
+        return max(self.predicted_n - 1, 0)
+
+    @property
     def predicted_per_token_ms(self) -> float:
-        return self.predicted_ms / self.predicted_n if self.predicted_n else 0.0
+        steps = self.predicted_steps
+        return self.predicted_ms / steps if steps else 0.0
 
     @property
     def predicted_per_second(self) -> float:
-        return 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
+        steps = self.predicted_steps
+        return 1e3 * steps / self.predicted_ms if self.predicted_ms > 0 else 0.0
 
     def to_dict(self) -> dict[str, float | int | str | None]:
         """llama-server's field names and order; the energy fields only where it was measured."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,11 @@ class ServerSettings:
     check_host: bool = True  # a loopback bind answers only loopback Host names
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins: besides loopback ones; "*": any
     verbose: bool = False  # --verbose: answers carry llama-server's `__verbose` field
+    # LLAMA_SERVER_SLOTS_DEBUG (as llama-server): /slots also shows each slot's prompt and
+    # generated text, which other clients may otherwise not read.
+    slots_debug: bool = field(
+        default_factory=lambda: os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "0") not in ("", "0")
+    )
     build_info: str = f"localfab-{__version__}"
 
     def template_variables(self, asked: Any = None) -> dict[str, Any]:

@@ -129,7 +129,10 @@ class Server:
             }
         if slot.id_task < 0:
             return data
-        n_remain = -1 if slot.n_predict < 0 else max(slot.n_predict - slot.n_decoded, 0)
+        # As llama-server: a released slot's counters are reset (its last task's rest stays).
+        n_decoded = slot.n_decoded if slot.processing else 0
+        limited = slot.processing and slot.n_predict >= 0
+        n_remain = max(slot.n_predict - n_decoded, 0) if limited else -1
         data.update(
             {
                 "id_task": slot.id_task,
@@ -143,11 +146,12 @@ class Server:
                         "has_next_token": slot.processing,
                         "has_new_line": slot.has_new_line,
                         "n_remain": n_remain,
-                        "n_decoded": slot.n_decoded,
+                        "n_decoded": n_decoded,
                     }
                 ],
-                "prompt": self._slot_prompt(i, slot.prompt),
-                "generated": slot.generated,
             }
         )
+        if self.settings.slots_debug:
+            data["prompt"] = self._slot_prompt(i, slot.prompt)
+            data["generated"] = slot.generated
         return data

@@ -109,7 +109,7 @@ def test_build_row_from_engine_settings_and_timings(tmp_path: Path) -> None:
         generated_tokens=4,
         memory={},
     )
-    assert plain.decode_tok_s == pytest.approx(100.0)
+    assert plain.decode_tok_s == pytest.approx(3 / 0.04)  # the first token came with the prompt
     assert plain.itl_p99_ms is None and plain.energy_j is None
 
 
@@ -221,8 +221,8 @@ def test_record_generation_hook(tmp_path: Path) -> None:
     assert queued is not None and written is not None
     rows = ledger.rows()
     assert [(r["frontend"], r["cached_tokens"], r["decode_tok_s"]) for r in rows] == [
-        ("serve", 3, 100.0),
-        ("chat", 3, 100.0),
+        ("serve", 3, 80.0),  # 4 decode steps in 50 ms: the first token came with the prompt
+        ("chat", 3, 80.0),
     ]
     # Something that is not a plan is skipped, not raised.
     assert record_generation(ledger, **common | {"plan": object()}) is None
