@@ -66,6 +66,10 @@ def tokenize_prompt(engine: Engine, prompt: Any) -> list[int]:
     """One prompt's tokens: token ids as given, strings with BOS (if first) and special tokens.
 
     CPU work that grows with the prompt: call it from a thread."""
+    if isinstance(prompt, dict) and prompt.get("multimodal_data"):
+        raise ApiError(
+            "Multimodal data provided, but model does not support multimodal requests."
+        )
     if isinstance(prompt, dict) and "prompt_string" in prompt:
         prompt = prompt["prompt_string"]
     if isinstance(prompt, str):

@@ -117,6 +117,11 @@ def test_prompt_as_token_ids_and_mixed_give_the_string_prompts_text(http: httpx.
     assert mixed["prompt"] == plain["prompt"]
     wrapped = complete(http, prompt={"prompt_string": PROMPT}, n_predict=8, **SAME)
     assert wrapped["content"] == plain["content"]
+    # An image for a model that reads none: llama-server's 400.
+    image = {"prompt_string": PROMPT + " <__media__>", "multimodal_data": ["iVBORw0KGgo="]}
+    r = http.post("/completion", json={"prompt": image, "n_predict": 2})
+    assert r.status_code == 400
+    assert "does not support multimodal requests" in r.json()["error"]["message"]
 
 
 def test_a_list_of_prompts_gives_one_result_each_in_order(http: httpx.Client) -> None:
