@@ -244,6 +244,7 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
     setup_logging(options["verbose"])
     name = model_opt or model_arg
     if not name:  # llama-server's router mode: models loaded as requests name them
+        check_options(options)
         return serve_router(options, server_settings, serve_wishes)
     if model_opt and model_arg and model_opt != model_arg:
         raise UsageError("give the model once, either as MODEL or with -m")
@@ -260,6 +261,26 @@ def serve(model_arg: str | None, model_opt: str | None, **options: Any) -> None:
 def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Config]:
     """Check `serve`'s options (completing some of them in place) and plan the model as they
     ask; warns on stderr of what the user should know (no key on an open address)."""
+    check_options(options)
+
+    from localfab.config import Config, default_paths
+    from localfab.runtime import choose_model
+
+    paths = default_paths()
+    config = Config.load(paths)
+    # Checked before the model loads: a bad --draft-max is one line, not a load.
+    options["speculative"] = speculation(config, paths, options["spec_flags"])
+    # The planner's choice, with the user's flags as wishes (the same path as `run`).
+    choice = choose_model(name, paths, serve_wishes(options, config), require_fit=False)
+    for warning in choice.plan.warnings:
+        click.echo(f"localfab: warning: {warning}", err=True)
+    choice.plan.require_fit()
+    return choice, config
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """The options a server and a router share, checked and completed in place (keys,
+    origins, Vertex AI's port); warns when an open address has no key."""
     if options["ctx_size"] is not None and options["ctx_size"] < 0:
         raise UsageError(f"-c {options['ctx_size']} is not a context size")
     if options["parallel"] < 1:
@@ -273,14 +294,6 @@ def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Confi
     options["api_keys"] = api_keys(options["api_keys"], options["api_key_file"])
     options["allowed_origins"] = allowed_origins(options["allowed_origins"])
     options["port"] = aip_port(options["port"])
-
-    from localfab.config import Config, default_paths
-    from localfab.runtime import choose_model
-
-    paths = default_paths()
-    config = Config.load(paths)
-    # Checked before the model loads: a bad --draft-max is one line, not a load.
-    options["speculative"] = speculation(config, paths, options["spec_flags"])
     host = options["host"]
     if not options["api_keys"] and not is_loopback(host):
         click.echo(
@@ -288,12 +301,6 @@ def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Confi
             "this machine can use the model; add --api-key KEY",
             err=True,
         )
-    # The planner's choice, with the user's flags as wishes (the same path as `run`).
-    choice = choose_model(name, paths, serve_wishes(options, config), require_fit=False)
-    for warning in choice.plan.warnings:
-        click.echo(f"localfab: warning: {warning}", err=True)
-    choice.plan.require_fit()
-    return choice, config
 
 
 # Sampling flags and the config.toml / LOCALFAB_* setting each one defaults to.

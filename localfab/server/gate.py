@@ -87,12 +87,23 @@ class Gate:
             return err.code, err.body(), JSON_TYPE, [(b"vary", b"Origin")]
         return None
 
+    def _origin_only(self, headers: Headers) -> bool:
+        """Whether the only thing refused is the Origin (the Host is fine)."""
+        host = headers.get("host")
+        return not (self.server.settings.check_host and not host_allowed(host))
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
         refusal = self._refusal(headers)
+        preflight = scope["method"] == "OPTIONS"
+        if refusal is not None and preflight and self._origin_only(headers):
+            # A preflight from an origin not allowed: answered, without CORS headers (as
+            # llama-server's --cors-origins), so the browser sends nothing after it.
+            await send_simple(send, 200, b"", "text/html", [(b"vary", b"Origin")])
+            return
         if refusal is not None:
             await send_simple(send, *refusal)
             return
@@ -100,15 +111,15 @@ class Gate:
         cors: list[tuple[bytes, bytes]] = []
         if origin is not None:
             cors += [
-                (b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"Access-Control-Allow-Origin", origin.encode("latin-1")),
                 (b"vary", b"Origin"),
             ]
-        if scope["method"] == "OPTIONS":
+        if preflight:
             if origin is not None:
-                cors.append((b"access-control-allow-credentials", b"true"))
+                cors.append((b"Access-Control-Allow-Credentials", b"true"))
             cors += [
-                (b"access-control-allow-methods", CORS_METHODS.encode()),
-                (b"access-control-allow-headers", b"*"),
+                (b"Access-Control-Allow-Methods", CORS_METHODS.encode()),
+                (b"Access-Control-Allow-Headers", b"*"),
             ]
             await send_simple(send, 200, b"", "text/html", cors)
             return
