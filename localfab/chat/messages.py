@@ -54,13 +54,13 @@ def _message(i: int, message: object) -> dict[str, Any]:
 def _content(i: int, content: Any) -> str:
     if content is None:
         return ""
-    if isinstance(content, list):  # OpenAI content parts: keep the text ones
+    if isinstance(content, list):  # OpenAI content parts: the text ones, a line apart
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text":
                 raise UsageError(f"messages[{i}].content: only text parts are supported")
             texts.append(str(part.get("text", "")))
-        content = "".join(texts)
+        content = "\n".join(texts)  # as llama-server joins them
     if not isinstance(content, str):
         raise UsageError(f"messages[{i}].content must be a string")
     return content

@@ -18,7 +18,7 @@ from datetime import datetime
 from types import CodeType
 from typing import Any
 
-from jinja2 import TemplateError, nodes
+from jinja2 import TemplateError, Undefined, nodes
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
@@ -156,6 +156,10 @@ def _tojson(
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys, separators=seps
     )
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None or isinstance(value, Undefined) else value
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -313,6 +317,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         self.lf_tick()
         if operator == "+":  # the common case, kept short: both sides were checked already
+            if isinstance(left, str) != isinstance(right, str):
+                # llama.cpp's engine: text + an undefined or none value is the text.
+                left, right = (_blank(left), _blank(right))
             return self.lf_value(left + right)
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
@@ -449,12 +456,16 @@ class ChatTemplate:
             max_chars=CHARS_BASE + CHARS_PER_INPUT_CHAR * size,
             seconds=RENDER_SECONDS,
         )
+        today = datetime.now()
         try:
             code = _compiled(self.source)
             template = env.template_class.from_code(env, code, env.make_globals(None))
             context = template.new_context(
                 {
                     "enable_thinking": True,
+                    # Today, as llama-server gives it to every template (Llama 3.x, FireFunction).
+                    "date_string": today.strftime("%d %b %Y"),
+                    "datetime": today.strftime("%b %d %Y"),
                     **(variables or {}),
                     "messages": msgs,
                     "add_generation_prompt": add_generation_prompt,

@@ -67,9 +67,7 @@ def tokenize_prompt(engine: Engine, prompt: Any) -> list[int]:
 
     CPU work that grows with the prompt: call it from a thread."""
     if isinstance(prompt, dict) and prompt.get("multimodal_data"):
-        raise ApiError(
-            "Multimodal data provided, but model does not support multimodal requests."
-        )
+        raise ApiError("Multimodal data provided, but model does not support multimodal requests.")
     if isinstance(prompt, dict) and "prompt_string" in prompt:
         prompt = prompt["prompt_string"]
     if isinstance(prompt, str):
@@ -276,6 +274,9 @@ def chat_messages(
     add_generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
         raise ApiError("Field 'add_generation_prompt' must be a boolean")
+    if body.get("continue_final_message") and add_generation_prompt:  # vLLM's explicit prefill
+        raise ApiError("Cannot set both add_generation_prompt and continue_final_message to true.")
+    messages = _prefill_parts(body["messages"], messages)
     prompts = server.model.prompts
     if [m["role"] for m in messages[-2:]] == ["assistant", "assistant"]:
         raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
@@ -305,6 +306,19 @@ def chat_messages(
         return run
 
     return messages, templated(prompts.text), templated(prompts.tokens)
+
+
+def _prefill_parts(raw: list[Any], messages: Messages) -> Messages:
+    """A final assistant message in text parts, continued: its parts a blank line apart (as
+    llama-server's continuation joins them; elsewhere they are a line apart)."""
+    last = raw[-1] if raw else None
+    if not (messages and messages[-1]["role"] == "assistant" and isinstance(last, dict)):
+        return messages
+    parts = last.get("content")
+    if not isinstance(parts, list):
+        return messages
+    text = "\n\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+    return [*messages[:-1], {**messages[-1], "content": text}]
 
 
 def chat_to_completion_fields(body: dict[str, Any], *, jinja: bool = True) -> dict[str, Any]:

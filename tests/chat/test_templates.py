@@ -35,6 +35,20 @@ def test_builtin_template_by_architecture_with_a_notice():
     assert resolve_template("", "unknown-arch")[0].name == "chatml"
 
 
+def test_today_and_undefined_text_as_llama_cpp_gives_them():
+    from datetime import date
+
+    # llama-server passes today's date to every template (Llama 3.x's date_string,
+    # FireFunction's datetime), and its engine reads text + an undefined value as the text.
+    source = "{{ date_string }}|{{ datetime }}|{{ 'x' + missing }}|{{ none_value + 'y' }}"
+    template = ChatTemplate(source, "test", "", "")
+    today = date.today()
+    text = template.render(MSGS[:1], variables={"none_value": None})
+    assert text == f"{today:%d %b %Y}|{today:%b %d %Y}|x|y"
+    with pytest.raises(UsageError):  # anything else with an undefined value stays an error
+        ChatTemplate("{{ 1 + missing }}", "test", "", "").render(MSGS[:1])
+
+
 def test_continue_final_ends_exactly_at_the_reply_text():
     for source, arch in ((CHATML_GGUF, "qwen2"), (None, "gemma3"), (None, "llama")):
         template, _ = resolve_template(source, arch)
@@ -82,7 +96,7 @@ def test_validate_messages_joins_text_parts():
             }
         ]
     )
-    assert out == [{"role": "user", "content": "ab"}]
+    assert out == [{"role": "user", "content": "a\nb"}]  # a line apart, as llama-server
 
 
 class _CharTokenizer:
