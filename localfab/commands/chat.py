@@ -360,7 +360,7 @@ def serving_from_options(
     if remote is not None:
         raise UsageError("--serve shares a model loaded here; with --remote none is")
     from localfab.commands.chat_serve import serve_address
-    from localfab.commands.serve import is_loopback
+    from localfab.commands.serve_flags import is_loopback
 
     host, port = serve_address(serve_at)
     if not is_loopback(host) and not os.environ.get("LLAMA_API_KEY"):

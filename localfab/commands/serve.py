@@ -20,6 +20,7 @@ from localfab.commands.serve_flags import (
     api_keys,
     cache_disk,
     cache_ram_limit,
+    is_loopback,
     llama_server_options,
     slot_folder,
     template_kwargs,
@@ -52,28 +53,6 @@ log = logging.getLogger("localfab.server")
 
 # llama-server's default --cache-ram, in MiB.
 DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` (or each of a comma-separated list) only accepts connections
-    from this machine."""
-    import ipaddress
-    import socket
-
-    if "," in host:
-        return all(is_loopback(h.strip()) for h in host.split(","))
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return all(
-                ipaddress.ip_address(info[4][0]).is_loopback
-                for info in socket.getaddrinfo(host, None)
-            )
-        except (OSError, ValueError):
-            return False
 
 
 @click.command("serve", context_settings={"show_default": True})
@@ -166,7 +145,9 @@ def is_loopback(host: str) -> bool:
     default=None,
     help="The chat template's variables as a JSON object, e.g. '{\"enable_thinking\": false}'.",
 )
-@click.option("-n", "--n-predict", "--predict", type=int, default=-1, help="Max tokens per reply.")
+@click.option(
+    "-n", "--n-predict", "--predict", type=int, default=-1, help="Tokens per reply that sets none."
+)
 @click.option("--seed", type=int, default=-1, help="Default sampling seed (-1: random).")
 @click.option(
     "--temp", type=float, default=None, help="Default temperature (else config.toml's: 0.8)."

@@ -137,3 +137,25 @@ def aip_port(port: int) -> int:
     if chosen != port:
         click.echo(f"localfab: AIP_MODE: listening on AIP_HTTP_PORT {chosen}", err=True)
     return chosen
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` (or each of a comma-separated list) only accepts connections
+    from this machine."""
+    import ipaddress
+    import socket
+
+    if "," in host:
+        return all(is_loopback(h.strip()) for h in host.split(","))
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback
+                for info in socket.getaddrinfo(host, None)
+            )
+        except (OSError, ValueError):
+            return False

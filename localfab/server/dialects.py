@@ -74,6 +74,8 @@ class Dialect:
     def progress(self, reply: shapes.ResultMeta, progress: Progress) -> list[dict[str, Any]]:
         res = shapes.native_partial(reply, "", -1, 0)
         res["prompt_progress"] = progress.to_dict()
+        if self.gen.timings_per_token:
+            res["timings"] = progress.timings()
         return [res]
 
     def token(self, reply: shapes.ResultMeta, step: Step, n_decoded: int) -> list[dict[str, Any]]:
@@ -141,6 +143,8 @@ class Completions(Dialect):
     def progress(self, reply: shapes.ResultMeta, progress: Progress) -> list[dict[str, Any]]:
         res = shapes.cmpl_partial(reply, "")
         res["prompt_progress"] = progress.to_dict()
+        if self.gen.timings_per_token:
+            res["timings"] = progress.timings()
         return [res]
 
     def token(self, reply: shapes.ResultMeta, step: Step, n_decoded: int) -> list[dict[str, Any]]:
@@ -235,6 +239,8 @@ class Chat(Dialect):
     def progress(self, reply: shapes.ResultMeta, progress: Progress) -> list[dict[str, Any]]:
         res = shapes.chat_role_chunk(reply)
         res["prompt_progress"] = progress.to_dict()
+        if self.gen.timings_per_token:
+            res["timings"] = progress.timings()
         return [res]
 
     def token(self, reply: shapes.ResultMeta, step: Step, n_decoded: int) -> list[dict[str, Any]]:

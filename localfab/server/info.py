@@ -96,11 +96,10 @@ async def metrics(server: Server, request: Request) -> Response:
         cache=server.worker.prompt_cache,
     )
     m.reset_bucket()  # the gauges are averaged over the time between two scrapes
-    return Response(
-        text.encode(),
-        media_type=prom.CONTENT_TYPE,
-        headers={"Process-Start-Time-Unix": str(int(m.t_start))},
-    )
+    response = Response(text.encode(), media_type=prom.CONTENT_TYPE)
+    # In llama-server's capitalization (clients that read headers as a plain dict find it).
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(int(m.t_start)).encode()))
+    return response
 
 
 async def embeddings(server: Server, request: Request) -> Response:

@@ -30,6 +30,13 @@ class Progress:
     cache: int
     processed: int
     time_ms: int
+    prompt_ms: float = 0.0  # the prompt's time so far (0 before its first batch)
+
+    def timings(self) -> dict[str, Any]:
+        """llama-server's `timings` of a progress chunk (with timings_per_token)."""
+        return Timings(
+            cache_n=self.cache, prompt_n=self.processed - self.cache, prompt_ms=self.prompt_ms
+        ).to_dict()
 
     def to_dict(self) -> dict[str, int]:
         return {
@@ -167,8 +174,11 @@ class JobRun:
         self.live_ms = 0.0  # predicted_ms of the last per-token timings sent
 
     def progress(self, processed: int) -> None:
-        ms = int((time.perf_counter() - self.t_start) * 1e3)
-        self.job.emit(Progress(len(self.job.tokens), self.cache, processed, ms))
+        elapsed = (time.perf_counter() - self.t_start) * 1e3
+        prompt_ms = elapsed if processed > self.cache else 0.0
+        self.job.emit(
+            Progress(len(self.job.tokens), self.cache, processed, int(elapsed), prompt_ms)
+        )
 
     def prefill(self, evaluate: Callable[[Sequence[int]], int], n_batch: int) -> None:
         """With return_progress: a progress event at the start and after every prompt batch

@@ -278,8 +278,6 @@ def parse_generation(
         integer=True,
         hard=(-1, INT32_MAX),
     )
-    if settings.n_predict > 0 and (n_predict < 0 or n_predict > settings.n_predict):
-        n_predict = settings.n_predict
     # llama-server's limit: one result per slot.
     n_cmpl = number(body, "n_cmpl", "n", default=1, integer=True, hard=(1, settings.n_parallel))
     sampling = _sampling(body, settings, tokenize)

@@ -28,7 +28,7 @@ class ServerSettings:
     metrics: bool = False  # --metrics: enable /metrics
     slots: bool = True  # --no-slots turns /slots off
     n_parallel: int = 1  # -np: slots; also the most results (`n`) one request may ask for
-    n_predict: int = -1  # -n: default and upper bound of tokens per request (-1: none)
+    n_predict: int = -1  # -n: tokens per request that sets none (-1: no limit), as llama-server
     # Default sampling for requests that do not set it: --temp etc., else config.toml/LOCALFAB_*.
     temperature: float = _SAMPLING.temperature  # --temp
     top_k: int = _SAMPLING.top_k  # --top-k: 0 disables

@@ -63,8 +63,9 @@ def loaded(model_path: Path) -> Iterator[Any]:
 def client(loaded: Any) -> Iterator[httpx.Client]:
     """A fresh server on the shared model, with an empty KV cache, for each test."""
     loaded.engine.clear_cache()
-    # -n 2 caps every reply, also those whose body leaves the limit out or sets it to null
-    # (unlimited: a reply that can run to the end of the window, minutes on a busy machine).
+    # -n 2 is the limit of every reply whose body leaves it out or sets it to null (else a
+    # reply could run to the end of the window, minutes on a busy machine); bodies here never
+    # ask for -1 (no limit) or more than 2.
     settings = ServerSettings(max_body_bytes=256 * 1024, n_predict=2)
     server = BackgroundServer(create_app(loaded, settings))
     server.start()

@@ -91,3 +91,16 @@ def test_several_addresses_and_aliases(model_path: Path) -> None:
             assert answer.status_code == 200 and answer.json()["model"] == "a-name"
     finally:
         server.stop()
+
+
+def test_n_predict_is_the_default_not_a_cap(model_path: Path) -> None:
+    # As llama-server: -n is the limit of a request that sets none; a request's own wins.
+    server = ServerProcess(model_path, "-n", "3", "--temp", "0").wait_ready()
+    try:
+        base = {"prompt": "Once upon a time", "ignore_eos": True}
+        plain = httpx.post(server.url + "/completion", json=base, timeout=60).json()
+        longer = httpx.post(server.url + "/completion", json=base | {"n_predict": 7}, timeout=60)
+        assert plain["tokens_predicted"] == 3
+        assert longer.json()["tokens_predicted"] == 7
+    finally:
+        server.stop()
