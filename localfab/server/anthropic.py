@@ -161,7 +161,7 @@ def to_message(chat: dict[str, Any], model: str) -> dict[str, Any]:
                 "input": _arguments(function.get("arguments")),
             }
         )
-    usage = chat.get("usage") or {}
+    usage = _usage(chat.get("usage") or {})
     return {
         "id": _message_id(chat),
         "type": "message",
@@ -170,10 +170,18 @@ def to_message(chat: dict[str, Any], model: str) -> dict[str, Any]:
         "content": content,
         "stop_reason": STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn"),
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": usage.get("prompt_tokens", 0),
-            "output_tokens": usage.get("completion_tokens", 0),
-        },
+        "usage": usage,
+    }
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, int]:
+    """Anthropic's usage from OpenAI's: input tokens that were processed, and apart those read
+    from the cache (as llama-server counts them)."""
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return {
+        "cache_read_input_tokens": cached,
+        "input_tokens": int(usage.get("prompt_tokens") or 0) - cached,
+        "output_tokens": int(usage.get("completion_tokens") or 0),
     }
 
 
@@ -204,8 +212,8 @@ class MessageStream:
         self.index = -1
         self.open: str | None = None  # "text", "thinking" or "tool:N" (the call's index)
         self.stop_reason = "end_turn"
-        self.output_tokens = 0
-        self.input_tokens = 0
+        self.input_tokens = 0  # the prompt's, counted before the reply (message_start's)
+        self.usage: dict[str, int] = {}  # the reply's, from the last chunk
         self.failed = False  # an error ended the stream: no message_delta/message_stop follow
 
     def start(self, chat_id: str) -> bytes:
@@ -217,7 +225,11 @@ class MessageStream:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {
+                "cache_read_input_tokens": 0,
+                "input_tokens": self.input_tokens,
+                "output_tokens": 0,
+            },
         }
         return event("message_start", {"message": message})
 
@@ -247,8 +259,7 @@ class MessageStream:
             return [event("error", {"error": {"type": "api_error", "message": message}})]
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self.output_tokens = int(usage.get("completion_tokens") or 0)
-            self.input_tokens = int(usage.get("prompt_tokens") or 0)
+            self.usage = _usage(usage)
         out: list[bytes] = []
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
@@ -284,7 +295,7 @@ class MessageStream:
 
     def end(self) -> list[bytes]:
         delta = {"stop_reason": self.stop_reason, "stop_sequence": None}
-        usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        usage = self.usage or {"input_tokens": self.input_tokens, "output_tokens": 0}
         return [
             *self._close(),
             event("message_delta", {"delta": delta, "usage": usage}),
@@ -294,21 +305,25 @@ class MessageStream:
 
 async def messages(server: Server, request: Request) -> Response:
     """POST /v1/messages."""
-    from localfab.server.completions import chat_reply
+    from localfab.server.completions import chat_reply, count_chat_tokens
 
     body = await read_json(request, server.settings)
     chat = to_chat(body)
     model = str(body.get("model") or server.settings.public_model_name or "")
+    # A stream's message_start says the prompt's tokens: counted first, as the template
+    # renders them (the reply's own count comes with its end).
+    n_input = await count_chat_tokens(server, chat) if chat.get("stream") else 0
     answer = await chat_reply(server, request, chat)
     if isinstance(answer, EventStream):
-        return EventStream(_events(answer.chunks, model), answer.on_close)
+        return EventStream(_events(answer.chunks, model, n_input), answer.on_close)
     if answer.status_code != 200:
         return answer
     return json_response(to_message(json.loads(bytes(answer.body)), model))
 
 
-async def _events(chunks: AsyncIterator[bytes], model: str) -> AsyncIterator[bytes]:
+async def _events(chunks: AsyncIterator[bytes], model: str, n_input: int) -> AsyncIterator[bytes]:
     stream = MessageStream(model)
+    stream.input_tokens = n_input
     started = False
     async for raw in chunks:
         if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):

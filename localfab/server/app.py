@@ -81,6 +81,8 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/v1/messages/count_tokens", "POST", anthropic.count_tokens),
     ("/v1/responses", "POST", responses.responses),
     ("/v1/responses/input_tokens", "POST", responses.input_tokens),
+    ("/responses", "POST", responses.responses),
+    ("/responses/input_tokens", "POST", responses.input_tokens),
     ("/chat/completions/input_tokens", "POST", completions.chat_input_tokens),
     ("/v1/chat/completions/input_tokens", "POST", completions.chat_input_tokens),
     ("/infill", "POST", infill.infill),

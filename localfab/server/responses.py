@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 
     from localfab.server.state import Server
 
-SAME_FIELDS = ("temperature", "top_p", "stream", "parallel_tool_calls")
+# Passed on as they are (the last two: llama-server's own telemetry in the stream).
+SAME_FIELDS = (
+    "temperature", "top_p", "stream", "parallel_tool_calls", "return_progress",
+    "timings_per_token",
+)  # fmt: skip
 
 
 def _id(prefix: str) -> str:
@@ -240,6 +244,7 @@ class ResponseStream:
         self.finish = "stop"
         self.usage: dict[str, Any] | None = None
         self.failed = False  # an error ended the stream (response.failed was sent)
+        self.timings: dict[str, Any] | None = None  # llama-server's, from the last chunk
 
     def event(self, kind: str, data: dict[str, Any]) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **data}
@@ -322,6 +327,13 @@ class ResponseStream:
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         out: list[bytes] = []
+        if "prompt_progress" in chunk:  # llama-server's return_progress
+            shell = response_object(
+                self.rid, self.model, self.body, [], status="in_progress", usage=None
+            )
+            progress = {"response": shell, "prompt_progress": chunk["prompt_progress"]}
+            out.append(self.event("response.in_progress", progress))
+        self.timings = chunk.get("timings") or self.timings
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
@@ -349,7 +361,10 @@ class ResponseStream:
             "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
         )
         ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1, "content_index": 0}
-        out.append(self.event(name, {**ids, "delta": text}))
+        extra = (
+            {"timings": self.timings} if self.timings and self.body.get("timings_per_token") else {}
+        )
+        out.append(self.event(name, {**ids, "delta": text, **extra}))
         return out
 
     def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
@@ -375,7 +390,8 @@ class ResponseStream:
         )
         # `response.completed` either way (the status says which), as llama-server sends it:
         # the openai SDK's stream helper waits for that event.
-        return [*out, self.event("response.completed", {"response": done})]
+        extra = {"timings": self.timings} if self.timings else {}
+        return [*out, self.event("response.completed", {"response": done, **extra})]
 
 
 async def responses(server: Server, request: Request) -> Response:

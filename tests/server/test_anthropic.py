@@ -56,11 +56,18 @@ def test_a_reply_whole_and_streamed(client: Any) -> None:
     assert block.type == "text" and block.text.strip()
     assert whole.stop_reason in ("end_turn", "max_tokens")
     assert whole.usage.input_tokens > 0 and 0 < whole.usage.output_tokens <= 24
-    kinds = []
+    kinds, started = [], None
     with client.messages.stream(**ask) as stream:
         for event in stream:
             kinds.append(event.type)
+            if event.type == "message_start":
+                started = event.message.usage
         final = stream.get_final_message()
+    # message_start already says the prompt's size (as llama-server's).
+    assert started is not None
+    assert started.input_tokens + (started.cache_read_input_tokens or 0) == (
+        whole.usage.input_tokens + (whole.usage.cache_read_input_tokens or 0)
+    )
     assert final.content[0].text == block.text  # greedy: the same reply
     assert final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == whole.usage.output_tokens
@@ -108,7 +115,8 @@ def test_a_forced_tool_call_and_its_result(client: Any) -> None:
 def test_count_tokens_is_the_prompt(client: Any) -> None:
     counted = client.messages.count_tokens(model="local", system="Be brief.", messages=ASK)
     whole = client.messages.create(model="local", max_tokens=1, system="Be brief.", messages=ASK)
-    assert counted.input_tokens == whole.usage.input_tokens > 0
+    read = whole.usage.cache_read_input_tokens or 0  # processed and cached ones are apart
+    assert counted.input_tokens == whole.usage.input_tokens + read > 0
 
 
 def test_a_malformed_request_is_a_400(client: Any) -> None:

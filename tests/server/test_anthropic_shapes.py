@@ -148,7 +148,11 @@ def test_stream_events_of_text_then_a_call() -> None:
     json_parts = "".join(e["delta"].get("partial_json", "") for e in events[5:7])
     assert json.loads(json_parts) == {"a": 2, "b": 40}
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
-    assert events[-2]["usage"] == {"input_tokens": 9, "output_tokens": 12}
+    assert events[-2]["usage"] == {
+        "cache_read_input_tokens": 0,
+        "input_tokens": 9,
+        "output_tokens": 12,
+    }
 
 
 def test_a_whole_answer() -> None:
@@ -161,7 +165,11 @@ def test_a_whole_answer() -> None:
                     "message": {"content": "Hi", "reasoning_content": "Hmm."},
                 }
             ],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 7},
+            "usage": {
+                "prompt_tokens": 5,
+                "completion_tokens": 7,
+                "prompt_tokens_details": {"cached_tokens": 2},
+            },
         },
         "m",
     )
@@ -170,7 +178,8 @@ def test_a_whole_answer() -> None:
         {"type": "text", "text": "Hi"},
     ]
     assert message["stop_reason"] == "max_tokens"
-    assert message["usage"] == {"input_tokens": 5, "output_tokens": 7}
+    # As llama-server: the tokens read from the cache apart from those processed.
+    assert message["usage"] == {"cache_read_input_tokens": 2, "input_tokens": 3, "output_tokens": 7}
 
 
 def test_an_error_ends_the_stream() -> None:

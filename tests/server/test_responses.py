@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -114,3 +115,26 @@ def test_what_it_cannot_take(client: openai.OpenAI) -> None:
             model="local",
             input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
         )
+
+
+def test_llama_servers_telemetry_in_the_stream(server: ServerProcess) -> None:
+    # llama-server's own fields, on its path without /v1: progress events while the prompt is
+    # read, timings on each text delta and on the completed event.
+    body = {
+        "input": "This is a test. " * 20,
+        "max_output_tokens": 4,
+        "stream": True,
+        "return_progress": True,
+        "timings_per_token": True,
+    }
+    events = []
+    with httpx.stream("POST", server.url + "/responses", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("predicted_per_second" in e["timings"] for e in deltas)
+    completed = events[-1]
+    assert completed["type"] == "response.completed" and completed["timings"]["predicted_n"] > 0
