@@ -90,6 +90,7 @@ def child_args(argv: list[str]) -> list[str]:
 def find_models(options: dict[str, Any], paths: Paths) -> dict[str, RouterModel]:
     from localfab.server.router_models import (
         RouterModel,
+        dedup,
         hub_cache,
         read_preset,
         scan_cache,
@@ -107,6 +108,7 @@ def find_models(options: dict[str, Any], paths: Paths) -> dict[str, RouterModel]
         found.update(scan_models_dir(options["models_dir"]))
     if options["models_preset"] is not None:
         found.update(read_preset(options["models_preset"], hub_cache(), found))
+    dedup(found, hub_cache())
     return found
 
 

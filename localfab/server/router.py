@@ -224,6 +224,8 @@ async def models(router: Router, request: Request) -> Response:
         await router.pool.replace_models(await asyncio.to_thread(router.rescan))
     data = []
     for model in router.pool.models.values():
+        if model.hidden:
+            continue
         inst = router.pool.instances.get(model.id)
         status: dict[str, Any] = {"value": inst.status if inst else "unloaded"}
         if inst is not None:

@@ -20,7 +20,7 @@ SKIP_PARTS = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 TAG = re.compile(r"[-.]([A-Za-z0-9_]+)$")
 # Preset keys that are the router's own, never passed to a model's server.
-PRESET_ONLY = {"load-on-startup", "stop-timeout", "dedup-cache-models", "version"}
+PRESET_ONLY = {"load-on-startup", "stop-timeout", "version"}
 ROUTER_ONLY = {"models-dir", "models-max", "models-preset", "models-memory", "api-key"}
 
 
@@ -36,6 +36,9 @@ class RouterModel:
     load_on_startup: bool = False
     stop_timeout: float = 10.0
     hf_repo: str | None = None  # resolved from the cache when the model loads
+    draft_hf: str | None = None  # spec-draft-hf: its draft model, from the cache
+    dedup: bool = False  # dedup-cache-models: hide the cache entries of its files
+    hidden: bool = False  # left out of GET /models (still served by its name)
 
 
 def hub_cache() -> Path:
@@ -124,10 +127,10 @@ def scan_models_dir(folder: Path) -> dict[str, RouterModel]:
 def _flag(key: str, value: str) -> list[str]:
     """An INI key and value as command-line arguments (`c = 512` -> `-c 512`)."""
     dashes = "-" if len(key) <= 3 and "-" not in key else "--"
-    lowered = value.strip().lower()
-    if lowered in ("true", "on", "yes", "enabled"):
+    lowered = value.strip().lower()  # (on/off/1/0 are values: -fa on, --mlock 1 ...)
+    if lowered in ("true", "yes", "enabled"):
         return [dashes + key]
-    if lowered in ("false", "off", "no", "disabled"):
+    if lowered in ("false", "no", "disabled"):
         return [] if key.startswith("no-") else ["--no-" + key]
     return [dashes + key, value.strip()]
 
@@ -154,6 +157,26 @@ def read_preset(path: Path, cache: Path, known: dict[str, RouterModel]) -> dict[
     return found
 
 
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "on", "yes")
+
+
+def dedup(models: dict[str, RouterModel], cache: Path) -> None:
+    """Hide the cache entries whose files a preset marked dedup-cache-models already serves
+    (its model and its draft), and give such a preset its draft model's file."""
+    files: set[Path] = set()
+    for model in models.values():
+        draft = resolve_hf(model.draft_hf, cache) if model.draft_hf else None
+        if draft is not None and "-md" not in model.args:
+            model.args += ["-md", str(draft)]
+        if model.dedup:
+            main = model.path or (resolve_hf(model.hf_repo, cache) if model.hf_repo else None)
+            files |= {f.resolve() for f in (main, draft) if f is not None}
+    for model in models.values():
+        if model.source == "cache" and model.path is not None:
+            model.hidden = model.path.resolve() in files
+
+
 def _preset_model(
     name: str, keys: dict[str, str], cache: Path, base: RouterModel | None, source: Path
 ) -> RouterModel:
@@ -165,9 +188,13 @@ def _preset_model(
         elif key in ("hf-repo", "hf", "hfr"):
             model.hf_repo = value.strip()
         elif key == "load-on-startup":
-            model.load_on_startup = value.strip().lower() in ("1", "true", "on", "yes")
+            model.load_on_startup = _truthy(value)
         elif key == "stop-timeout":
             model.stop_timeout = float(value)
+        elif key == "dedup-cache-models":
+            model.dedup = _truthy(value)
+        elif key in ("spec-draft-hf", "hfd", "hf-repo-draft"):
+            model.draft_hf = value.strip()
         elif key == "alias":
             model.aliases = tuple(a.strip() for a in value.split(",") if a.strip())
         elif key not in PRESET_ONLY and key not in ROUTER_ONLY:
