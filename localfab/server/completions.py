@@ -98,7 +98,9 @@ async def _completion(server: Server, request: Request, dialect_type: type[Diale
 
     def prepare() -> tuple[Generation, list[Prompt]]:
         # Off the event loop: a JSON schema becomes a grammar, prompts become tokens.
-        gen = parse_generation(body, server.settings, tokenize=text_tokenizer(engine))
+        gen = parse_generation(
+            body, server.settings, tokenize=text_tokenizer(engine), eog=engine.eog_tokens()
+        )
         if "prompt" not in body:
             raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
         parts = split_prompts(body["prompt"])
@@ -133,7 +135,9 @@ async def chat_reply(server: Server, request: Request, body: dict[str, Any]) -> 
         # Tokenizing only reads the vocabulary, which the engine thread never changes.
         fields = chat_to_completion_fields(body, jinja=server.settings.jinja)
         tools = request_tools(fields)
-        gen = parse_generation(fields, server.settings, tokenize=text_tokenizer(engine))
+        gen = parse_generation(
+            fields, server.settings, tokenize=text_tokenizer(engine), eog=engine.eog_tokens()
+        )
         messages, _, prompt = chat_messages(server, fields, tools)
         window = ChatWindow(messages, prompt, n_ctx)
         if shift:  # without --context-shift a chat that does not fit is a 400, as llama-server

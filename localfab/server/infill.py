@@ -128,7 +128,9 @@ async def infill(server: Server, request: Request) -> Response:
 
     def prepare() -> tuple[Generation, list[int]]:
         extra = check_fields(body)
-        gen = parse_generation(body, server.settings, tokenize=text_tokenizer(engine))
+        gen = parse_generation(
+            body, server.settings, tokenize=text_tokenizer(engine), eog=engine.eog_tokens()
+        )
         return gen, infill_prompt(server, body, fim, extra)
 
     gen, tokens = await asyncio.to_thread(prepare)

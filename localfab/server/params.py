@@ -264,6 +264,7 @@ def parse_generation(
     settings: ServerSettings,
     *,
     tokenize: Callable[[str], list[int]] | None = None,
+    eog: Sequence[int] = (),
 ) -> Generation:
     """The fields every completion endpoint shares (after chat fields were mapped onto them).
 
@@ -314,7 +315,7 @@ def parse_generation(
         response_fields=_response_fields(body),
         verbose=body.get("verbose") if isinstance(body.get("verbose"), bool) else None,
     )
-    object.__setattr__(gen, "settings_json", generation_settings(gen))
+    object.__setattr__(gen, "settings_json", generation_settings(gen, eog=eog))
     return gen
 
 
@@ -366,7 +367,9 @@ def _response_fields(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def generation_settings(gen: Generation, *, only_metrics: bool = False) -> dict[str, Any]:
+def generation_settings(
+    gen: Generation, *, only_metrics: bool = False, eog: Sequence[int] = ()
+) -> dict[str, Any]:
     """`generation_settings` / slot `params` with llama-server's keys (unsupported: defaults)."""
     s = gen.sampling
     data: dict[str, Any] = {
@@ -399,7 +402,9 @@ def generation_settings(gen: Generation, *, only_metrics: bool = False) -> dict[
         "n_discard": 0,
         "ignore_eos": s.ignore_eos,
         "stream": gen.stream,
-        "logit_bias": [[t, False if b == -math.inf else b] for t, b in s.logit_bias],
+        # As llama-server: -inf is null, and ignore_eos bans the end-of-generation tokens.
+        "logit_bias": [{"bias": None if b == -math.inf else b, "token": t} for t, b in s.logit_bias]
+        + [{"bias": None, "token": t} for t in (eog if s.ignore_eos else ())],
         "n_probs": gen.n_probs,
         "min_keep": 0,
         "grammar": s.grammar or "",

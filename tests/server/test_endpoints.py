@@ -532,7 +532,11 @@ def test_penalties_and_logit_bias_change_the_output(http: httpx.Client) -> None:
     first = http.post("/tokenize", json={"content": plain["content"]}).json()["tokens"][0]
     banned = http.post("/completion", json=base | {"logit_bias": [[first, False]]}).json()
     assert not banned["content"].startswith(plain["content"][:3])
-    assert banned["generation_settings"]["logit_bias"] == [[first, False]]
+    assert banned["generation_settings"]["logit_bias"] == [{"bias": None, "token": first}]
+    # ignore_eos bans the end-of-generation tokens, shown as llama-server shows them.
+    endless = http.post("/completion", json=base | {"ignore_eos": True}).json()
+    eog = endless["generation_settings"]["logit_bias"]
+    assert eog and all(e["bias"] is None for e in eog) and 1 in {e["token"] for e in eog}
     bad = http.post("/completion", json=base | {"logit_bias": [[10**9, 1.0]]})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 
