@@ -22,6 +22,7 @@ from localfab.commands.serve_flags import (
     cache_ram_limit,
     is_loopback,
     llama_server_options,
+    refused_options,
     slot_folder,
     template_kwargs,
 )
@@ -201,6 +202,7 @@ DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
 )
 @llama_server_options
 @router_options
+@refused_options
 @click.option(
     "--no-ledger",
     "no_ledger",

@@ -54,6 +54,50 @@ def llama_server_options(f: F) -> F:
     return f
 
 
+# llama-server flags that do not apply here, each refused with the reason (never ignored).
+# (flags, takes a value, why)
+REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
+    (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"), True,
+     "models are not downloaded while serving: `localfab pull REPO` first, then serve it by name "
+     "(or serve no model: a router finds the Hugging Face cache's)"),
+    (("--embedding", "--embeddings", "--reranking", "--rerank"), False,
+     "embeddings and reranking are not served"),
+    (("--pooling",), True, "embeddings and reranking are not served"),
+    (("--lora", "--lora-scaled"), True, "LoRA adapters are not supported"),
+    (("--mmproj", "-mm", "--mmproj-url", "-mmu", "--media-path"), True,
+     "images are not read yet (no multimodal projector support)"),
+    (("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json"), True,
+     "server-side built-in tools and the MCP proxy are left out on purpose (llama-server says "
+     "not to enable them where clients are not trusted); `localfab chat` has MCP tools"),
+    (("--ui-mcp-proxy",), False, "there is no web UI, nor its MCP proxy"),
+    (("--spec-synth-rates", "--spec-synth-len"), True,
+     "the synthetic drafter is llama-server's test device; use --spec-type ngram-simple or "
+     "draft-simple"),
+    (("--grp-attn-n", "-gan", "--grp-attn-w", "-gaw"), True,
+     "self-extend is not supported; --context-shift keeps long chats going"),
+)  # fmt: skip
+
+
+def refused_options(f: F) -> F:
+    """The llama-server flags in REFUSED, each answered with its reason (exit 2)."""
+    for flags, takes_value, why in REFUSED:
+
+        def refuse(ctx: click.Context, param: click.Parameter, value: Any, why: str = why) -> None:
+            if value:
+                name = max(param.opts, key=len)
+                raise click.UsageError(f"{name} does not apply to localfab serve: {why}")
+
+        f = click.option(
+            *flags,
+            is_flag=not takes_value,
+            default=None,
+            hidden=True,
+            expose_value=False,
+            callback=refuse,
+        )(f)
+    return f
+
+
 def slot_folder(path: Path | None) -> Path | None:
     """The folder of `--slot-save-path`, which must exist (as llama-server)."""
     if path is not None and not path.is_dir():

@@ -104,3 +104,31 @@ def test_n_predict_is_the_default_not_a_cap(model_path: Path) -> None:
         assert longer.json()["tokens_predicted"] == 7
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--embedding"], "embeddings and reranking are not served"),
+        (["--hf-repo", "org/repo"], "localfab pull"),
+        (["--lora", "a.gguf"], "LoRA"),
+        (["--tools", "all"], "left out on purpose"),
+        (["--spec-synth-rates", "1,1"], "--spec-type"),
+    ],
+)
+def test_flags_that_do_not_apply_are_refused_with_the_reason(
+    lf_env: dict[str, str], tmp_path: Path, args: list[str], says: str
+) -> None:
+    import subprocess
+    import sys
+
+    localfab = Path(sys.executable).with_name("localfab")
+    done = subprocess.run(
+        [str(localfab), "serve", str(tmp_path / "m.gguf"), *args],
+        env=lf_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "does not apply to localfab serve" in done.stderr and says in done.stderr
