@@ -153,6 +153,7 @@ def planner(
             fits=plan.fits,
             why_not="; ".join(plan.warnings),
             available={m.device: m.available for m in plan.memory},
+            flags=("-c", str(plan.n_ctx), "-ngl", str(plan.n_gpu_layers)),
         )
 
     return cost

@@ -95,6 +95,7 @@ class Predict:
         path, endpoint = found
         response = await endpoint(_sub_request(path, dumps(body), gone))
         if isinstance(response, EventStream):
+            await response.on_close()
             return _error("predict route does not support streaming responses")
         text = bytes(response.body).decode("utf-8", errors="replace")
         if not text:

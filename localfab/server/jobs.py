@@ -83,6 +83,7 @@ class Job:
     id_slot: int = -1  # the slot asked for (llama-server's `id_slot`, modulo the slots)
     # The slot the job ran on, filled in by the engine thread before its Done (for `id_slot`).
     placed: list[int] = field(default_factory=lambda: [0])
+    shifted: list[bool] = field(default_factory=lambda: [False])  # the window moved mid-reply
 
     def __post_init__(self) -> None:
         if self.options.cancel is None:  # every job can be cancelled (a client that left)

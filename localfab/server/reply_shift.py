@@ -21,7 +21,14 @@ class ReplyShift:
     """The engine's `on_context_full` callback for one reply; it remembers what the cache holds
     after each shift it asked for."""
 
-    def __init__(self, prompt: Sequence[int], n_keep: int, window: ChatWindow | None) -> None:
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        n_keep: int,
+        window: ChatWindow | None,
+        shifted: list[bool] | None = None,
+    ) -> None:
+        self._shifted = shifted if shifted is not None else [False]  # set at the first shift
         self._n_keep = n_keep
         self._n_prompt = len(prompt)
         self._window = window
@@ -48,4 +55,5 @@ class ReplyShift:
 
     def _took(self, target: list[int], generated: list[int]) -> list[int]:
         self._base, self._at = list(target), len(generated)
+        self._shifted[0] = True
         return target

@@ -60,7 +60,7 @@ class _Result:
 
     def placed(self) -> shapes.ResultMeta:
         """The reply's shared fields with the slot the job ran on (known once it is done)."""
-        return replace(self.reply, slot=self.job.placed[0])
+        return replace(self.reply, slot=self.job.placed[0], shifted=self.job.shifted[0])
 
 
 class _Batch:

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from localfab.server.errors import ApiError
+from localfab.server.errors import ApiError, dumps
 from localfab.server.gate import Gate
 from localfab.server.keys import KeyCheck
 from localfab.server.plumbing import json_response, not_found, read_json, wrap
@@ -79,7 +79,11 @@ class Router:
         self.key_ok = KeyCheck(settings.api_keys)
         self.worker = _Awake()
         self.info = True  # the Gate's "model loaded" check: a router answers at once
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(settings.read_timeout, connect=10))
+        # Loopback only: no proxy from the environment; as many connections as the router takes.
+        limits = httpx.Limits(max_connections=settings.max_connections)
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=10), limits=limits, trust_env=False
+        )
         self.created = int(time.time())
 
     async def wake(self) -> None:
@@ -122,14 +126,20 @@ class Router:
             if not released:
                 released = True
                 inst.busy -= 1
+                inst.last_used = time.monotonic()  # recency counts from a request's end
+                if inst.busy == 0 and inst.model.id not in self.pool.models:
+                    self.pool.unload(inst)  # gone from the sources while it answered
                 await self.pool.notify()
 
         try:
             if self.pool.fake_timing:
                 await asyncio.sleep(2)
             url = f"http://127.0.0.1:{inst.port}{request.url.path}"
+            # The router answers CORS itself: the model's server sees no Origin.
             headers = {
-                k: v for k, v in request.headers.items() if k not in ("host", "content-length")
+                k: v
+                for k, v in request.headers.items()
+                if k not in ("host", "content-length", "origin")
             }
             upstream = self.client.build_request(
                 request.method, url, params=request.query_params, headers=headers, content=body
@@ -141,7 +151,11 @@ class Router:
                 msg = f"model {inst.model.id} did not answer: {exc}"
                 raise ApiError(msg, "server_error") from exc
             raise
-        out_headers = {k: v for k, v in answer.headers.items() if k not in DROP_HEADERS}
+        out_headers = {
+            k: v
+            for k, v in answer.headers.items()
+            if k not in DROP_HEADERS and not k.startswith("access-control-") and k != "vary"
+        }
         if note:
             out_headers["x-localfab-router"] = note
 
@@ -150,8 +164,8 @@ class Router:
                 async for chunk in answer.aiter_raw():
                     yield chunk
             finally:
-                await answer.aclose()
                 await release()
+                await answer.aclose()
 
         return StreamingResponse(chunks(), answer.status_code, out_headers)
 
@@ -188,11 +202,10 @@ def _flag(value: str | None, default: bool) -> bool:
 
 
 async def proxy_post(router: Router, request: Request) -> Response:
-    raw = await request.body()
-    body = await read_json(_replay(request, raw), router.settings)
+    body = await read_json(request, router.settings)  # within the size and time limits
     name = router.canonical(body.get("model"))
     inst, note = await router.ready(name, router.autoload, request)
-    return await router.forward(request, inst, raw, note)
+    return await router.forward(request, inst, dumps(body), note)
 
 
 async def proxy_get(router: Router, request: Request) -> Response:
@@ -266,26 +279,12 @@ async def unload(router: Router, request: Request) -> Response:
     inst = router.pool.instances.get(name)
     if inst is None or not inst.running:
         raise ApiError("model is not running")
-    asyncio.get_running_loop().create_task(router.pool.stop(inst))
+    router.pool.unload(inst)
     return json_response({"success": True})
 
 
 async def health(router: Router, request: Request) -> Response:
     return json_response({"status": "ok"})
-
-
-def _replay(request: Request, raw: bytes) -> Request:
-    """The request again, its body already read (for the JSON reader's checks)."""
-    sent = False
-
-    async def receive() -> Any:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        return await request.receive()
-
-    return Request(request.scope, receive)
 
 
 Handler = Callable[[Router, Request], Awaitable[Response]]
@@ -315,12 +314,16 @@ def create_router_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         pool.changed = asyncio.Condition()  # bound to the serving loop
-        for model in pool.models.values():
-            if model.load_on_startup:
-                await pool.load_now(model.id)
+        pool.reloading = asyncio.Lock()
+        # Plans made while nothing is loaded (in the background: /health answers now).
+        planning = asyncio.get_running_loop().create_task(pool.plan_all())
         try:
+            for model in pool.models.values():
+                if model.load_on_startup:
+                    await pool.load_now(model.id)
             yield
         finally:
+            planning.cancel()
             await pool.close()
             await router.client.aclose()
 

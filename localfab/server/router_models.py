@@ -190,7 +190,13 @@ def _preset_model(
         elif key == "load-on-startup":
             model.load_on_startup = _truthy(value)
         elif key == "stop-timeout":
-            model.stop_timeout = float(value)
+            try:
+                model.stop_timeout = float(value)
+            except ValueError:
+                raise UsageError(
+                    f"--models-preset {source}: [{name}] stop-timeout {value!r} "
+                    "is not a number of seconds"
+                ) from None
         elif key == "dedup-cache-models":
             model.dedup = _truthy(value)
         elif key in ("spec-draft-hf", "hfd", "hf-repo-draft"):

@@ -102,6 +102,7 @@ class ResultMeta:
     # What a chat left out to fit the window: {"turns": n, "exchanges": n, "tokens": n}.
     context_shift: dict[str, int] | None = None
     slot: int = 0  # the slot that ran it (`id_slot` of the final answer)
+    shifted: bool = False  # the context shifted during the reply (llama-server's `truncated`)
 
     def now(self) -> int:
         return self.created or int(time.time())
@@ -149,7 +150,7 @@ def native_final(
         "generation_settings": settings,
         "prompt": prompt_text,
         "has_new_line": "\n" in done.text,
-        "truncated": done.stop_type == "context",
+        "truncated": done.stop_type == "context" or reply.shifted,
         "stop_type": _STOP_TYPE.get(done.stop_type, "none"),
         "stopping_word": done.stopping_word,
         "tokens_cached": done.prompt_tokens + max(done.timings.predicted_n - 1, 0),

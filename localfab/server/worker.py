@@ -300,4 +300,6 @@ class EngineWorker:
         Only with --context-shift (without it the reply stops there, as llama-server's does).
         Either way the engine moves the kept KV cells instead of re-processing them.
         """
-        return ReplyShift(job.tokens, job.n_keep, job.window) if self.context_shift else None
+        if not self.context_shift:
+            return None
+        return ReplyShift(job.tokens, job.n_keep, job.window, job.shifted)

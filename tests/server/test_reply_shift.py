@@ -131,6 +131,7 @@ def test_a_shifting_reply_runs_to_its_n_predict(
         for out in outs:
             assert out["tokens_predicted"] == N_PREDICT, out.get("stop_type")
             assert out["stop_type"] == "limit"
+            assert out["truncated"] is True  # as llama-server says of a reply that shifted
         if n_parallel == 1 and not spec:  # a chat with no turn to give halves as often
             chat = {
                 "messages": [{"role": "user", "content": PROMPT}],
