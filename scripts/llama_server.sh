@@ -9,17 +9,22 @@ cd "$(dirname "$0")/.."
 version=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | cut -d= -f3)
 root=.cache/llama.cpp
 bin="$root/build/bin/llama-server"
+mkdir -p "$root"
+# The source (kept: scripts/conformance.py runs the server tests it carries).
+if [ "$(cat "$root/src/.version" 2>/dev/null)" != "$version" ]; then
+    python=.venv/bin/python
+    [ -x "$python" ] || python=python3
+    [ -f "$root/llama_cpp_python-$version.tar.gz" ] ||
+        "$python" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$root" >&2
+    rm -rf "$root/src" && mkdir -p "$root/src"
+    tar xzf "$root/llama_cpp_python-$version.tar.gz" -C "$root/src" --strip-components=1
+    echo "$version" >"$root/src/.version"
+fi
 if [ -x "$bin" ] && [ "$(cat "$root/version" 2>/dev/null)" = "$version" ]; then
     echo "$PWD/$bin"
     exit 0
 fi
-mkdir -p "$root"
-python=.venv/bin/python
-[ -x "$python" ] || python=python3
 echo "scripts/llama_server.sh: building llama-server of llama-cpp-python $version (a few minutes)" >&2
-"$python" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$root" >&2
-rm -rf "$root/src" && mkdir -p "$root/src"
-tar xzf "$root/llama_cpp_python-$version.tar.gz" -C "$root/src" --strip-components=1
 # Without AMX kernels, as scripts/test builds llama-cpp-python (they crash this llama.cpp).
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 if [ "$(uname -m)" = x86_64 ] && echo | ${CC:-cc} $no_amx -E - >/dev/null 2>&1; then

@@ -136,6 +136,7 @@ def test_second_model_evicts_the_first_within_the_budget(router: Router) -> None
     again = chat(router.url, "gemma")  # loaded: no note
     assert again.status_code == 200 and "x-localfab-router" not in again.headers
     peak = watch.stop()
+    print(f"peak RSS of the model servers: {peak / MiB:.0f} MiB (budget {BUDGET_MIB} MiB)")
     assert 0 < peak <= BUDGET_MIB * MiB, f"{peak / MiB:.0f} MiB"
     assert "router: unloaded smol" in router.stop()  # and the reason is logged
 
