@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "backend_info", "physical_cores"]
 
 log = logging.getLogger("localfab.engine")
+FIM_TOKENS = ("pre", "suf", "mid", "pad", "rep", "sep")  # llama_vocab_fim_*
 
 
 class Engine:
@@ -261,14 +262,9 @@ class Engine:
         return bool(lc.llama_vocab_get_add_bos(self._vocab))
 
     def fim_tokens(self) -> dict[str, int]:
-        """The vocabulary's fill-in-the-middle tokens that it has: pre, suf, mid, pad, rep, sep
-        (from the GGUF keys, or found by their text as llama.cpp does)."""
-        vocab, found = self._vocab, {}
-        for name in ("pre", "suf", "mid", "pad", "rep", "sep"):
-            token = int(getattr(lc, f"llama_vocab_fim_{name}")(vocab))
-            if token >= 0:
-                found[name] = token
-        return found
+        """The fill-in-the-middle tokens (pre, suf, mid, pad, rep, sep) the vocabulary has."""
+        ids = {n: int(getattr(lc, f"llama_vocab_fim_{n}")(self._vocab)) for n in FIM_TOKENS}
+        return {name: token for name, token in ids.items() if token >= 0}
 
     def token_text(self, token: int) -> str:
         raw = lc.llama_vocab_get_text(self._vocab, token)

@@ -147,14 +147,8 @@ def create_app(
             if close_model and worker.model is not None:
                 worker.model.close()
 
-    routes = [
-        Route(path, wrap(functools.partial(handler, server)), methods=[method])
-        for path, method, handler in ROUTES
-    ]
-    if gcp.enabled():
-        routes += _gcp_routes(routes, settings)
     app = Starlette(
-        routes=routes,
+        routes=_routes(server, settings),
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found},
     )
@@ -162,6 +156,15 @@ def create_app(
     app.state.server = server
     app.state.worker = worker
     return app
+
+
+def _routes(server: Server, settings: ServerSettings) -> list[Route]:
+    """The endpoints, each wrapped in llama-server's error answers (and Vertex AI's, if on)."""
+    routes = [
+        Route(path, wrap(functools.partial(handler, server)), methods=[method])
+        for path, method, handler in ROUTES
+    ]
+    return routes + _gcp_routes(routes, settings) if gcp.enabled() else routes
 
 
 def _gcp_routes(routes: list[Route], settings: ServerSettings) -> list[Route]:
