@@ -159,15 +159,32 @@ class Router:
         if note:
             out_headers["x-localfab-router"] = note
 
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in answer.aiter_raw():
-                    yield chunk
-            finally:
-                await release()
-                await answer.aclose()
+        async def close() -> None:
+            await release()
+            await answer.aclose()
 
-        return StreamingResponse(chunks(), answer.status_code, out_headers)
+        return ProxiedAnswer(answer.aiter_raw(), answer.status_code, out_headers, close)
+
+
+class ProxiedAnswer(StreamingResponse):
+    """A model's answer passed on; `on_close` runs however the response ends, also when the
+    client leaves before its first byte (the body iterator then never starts)."""
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        status: int,
+        headers: dict[str, str],
+        on_close: Callable[[], Awaitable[None]],
+    ) -> None:
+        super().__init__(chunks, status, headers)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.on_close()
 
 
 class _Flag:

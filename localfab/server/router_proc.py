@@ -21,6 +21,7 @@ import httpx
 from localfab.server.router_models import RouterModel
 
 log = logging.getLogger("localfab.server")
+_WATCHERS: set[asyncio.Task[Any]] = set()  # each model server's watcher, held while it runs
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ async def spawn(
         preexec_fn=_die_with_router if linux else None,
     )
     inst.last_used = time.monotonic()
-    asyncio.get_running_loop().create_task(_watch(inst, inst.proc, notify))
+    keep(_WATCHERS, asyncio.get_running_loop().create_task(_watch(inst, inst.proc, notify)))
 
 
 async def _watch(

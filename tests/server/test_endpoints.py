@@ -290,11 +290,13 @@ def test_health_models_and_cors(http: httpx.Client) -> None:
     assert opt.headers["access-control-allow-credentials"] == "true"
     assert opt.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
     assert opt.headers["access-control-allow-headers"] == "*"
-    # Another site's page may not read /slots (it holds the last prompt), nor preflight.
+    # Another site's page may not read /slots (it holds the last prompt).
     r = http.get("/slots", headers={"Origin": "http://example.com"})
     assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
     opt = http.options("/v1/chat/completions", headers={"Origin": "http://a.b"})
-    assert opt.status_code == 403 and "access-control-allow-credentials" not in opt.headers
+    assert opt.status_code == 200  # answered as llama-server's --cors-origins, without CORS:
+    assert "access-control-allow-origin" not in opt.headers  # the browser sends nothing after
+    assert "access-control-allow-credentials" not in opt.headers
     # DNS rebinding: a loopback server answers only loopback Host names.
     r = http.get("/slots", headers={"Host": "rebound.example.com"})
     assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
@@ -510,7 +512,8 @@ def test_context_shift_keeps_generating(loaded: Any) -> None:
     try:
         _wait_ready(shifting.url)
         res = httpx.post(shifting.url + "/completion", json=body, timeout=300).json()
-        assert res["tokens_predicted"] == 80 and res["truncated"] is False
+        # It went on to its n_predict; truncated says the window moved, as llama-server's.
+        assert res["tokens_predicted"] == 80 and res["truncated"] is True
         # A chat with one turn has no whole turn to give: it falls back to the same shift.
         chat = {
             "messages": [{"role": "user", "content": prompt}],
