@@ -56,8 +56,9 @@ def template_file_option(*, exists: bool) -> Callable[[Any], Any]:
 chat_template_option = click.option(
     "--chat-template",
     default=None,
-    help="A built-in chat template by name (chatml, llama3, gemma, phi3) or a Jinja template's "
-    "text, instead of the model's (as llama-server).",
+    help="A built-in chat template by name (chatml, llama3, gemma, phi3, or any of llama.cpp's: "
+    "command-r, mistral-v7, zephyr, ...) or a Jinja template's text, instead of the model's "
+    "(as llama-server).",
 )
 
 
@@ -67,6 +68,7 @@ def use_template_file(loaded: Any, path: Path | None, text: str | None = None) -
     template no longer applies."""
     if path is None and not text:
         return
+    from localfab.chat.legacy_templates import legacy_template
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.templates import BUILTIN_TEMPLATES
     from localfab.errors import UsageError
@@ -78,6 +80,8 @@ def use_template_file(loaded: Any, path: Path | None, text: str | None = None) -
         loaded.prompts = PromptBuilder.from_file(loaded.engine, path)
     elif text in BUILTIN_TEMPLATES:
         loaded.prompts = PromptBuilder(loaded.engine, source=BUILTIN_TEMPLATES[text], name=text)
+    elif text and (legacy := legacy_template(text)) is not None:
+        loaded.prompts = PromptBuilder(loaded.engine, legacy)
     else:
         loaded.prompts = PromptBuilder(loaded.engine, source=text)
     loaded.notices = [n for n in loaded.notices if n != old]
