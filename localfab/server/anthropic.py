@@ -39,6 +39,8 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         messages.append({"role": "system", "content": _text_of(system, "system")})
     for i, message in enumerate(body["messages"]):
         messages += _messages(message, f"messages.{i}")
+    if not body["messages"]:  # llama-server answers an empty conversation: one empty turn
+        messages.append({"role": "user", "content": ""})
     chat["messages"] = messages
     if body.get("stop_sequences"):
         chat["stop"] = body["stop_sequences"]
@@ -67,6 +69,36 @@ def _text_of(content: Any, where: str) -> str:
     raise ApiError(f"{where}: content must be a string or an array of blocks")
 
 
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image block as OpenAI's image_url part, as llama-server converts it."""
+    given = block.get("source")
+    source: dict[str, Any] = given if isinstance(given, dict) else {}
+    if source.get("type") == "base64":
+        media = str(source.get("media_type") or "image/jpeg")
+        url = f"data:{media};base64,{source.get('data') or ''}"
+    elif source.get("type") == "url":
+        url = str(source.get("url") or "")
+    else:
+        raise ApiError(f"{where}.source: an image's source must be of type base64 or url")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _result_content(content: Any, where: str) -> Any:
+    """A tool_result's content: its text, or OpenAI parts where it holds images."""
+    if isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "image" for b in content
+    ):
+        parts = []
+        for j, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                parts.append({"type": "text", "text": str(block.get("text", ""))})
+            elif kind == "image":
+                parts.append(_image_part(block, f"{where}.{j}"))
+        return parts
+    return _text_of(content, where)
+
+
 def _messages(message: Any, where: str) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: tool results become `tool` messages, an
     assistant's tool_use blocks its `tool_calls`, thinking its `reasoning_content`."""
@@ -78,6 +110,7 @@ def _messages(message: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(content, list):
         raise ApiError(f"{where}.content: a string or an array of blocks")
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # text and images in order, where there are images
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     thought: list[str] = []
@@ -85,13 +118,17 @@ def _messages(message: Any, where: str) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(str(block.get("text", "")))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image":
+            parts.append(_image_part(block, f"{where}.content.{j}"))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             thought.append(str(block.get("thinking", "")))
         else:
             _tool_block(block, kind, role, f"{where}.content.{j}", calls, results)
     out: list[dict[str, Any]] = results
-    if texts or calls or thought or not results:
-        turn: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+    if parts or calls or thought or not results:
+        images = len(parts) > len(texts)
+        turn: dict[str, Any] = {"role": role, "content": parts if images else "\n".join(texts)}
         if calls:
             turn["tool_calls"] = calls
         if thought:
@@ -114,8 +151,8 @@ def _tool_block(
         function = {"name": str(block.get("name", "")), "arguments": arguments}
         calls.append({"id": str(block.get("id", "")), "type": "function", "function": function})
     elif kind == "tool_result" and role == "user":
-        text = _text_of(block.get("content", ""), f"{where}.content")
-        if block.get("is_error"):
+        text = _result_content(block.get("content", ""), f"{where}.content")
+        if block.get("is_error") and isinstance(text, str):
             text = f"Error: {text}"
         call_id = str(block.get("tool_use_id", ""))
         results.append({"role": "tool", "tool_call_id": call_id, "content": text})

@@ -257,6 +257,26 @@ Window = Sequence[Mapping[str, Any]]
 _T = TypeVar("_T")
 
 
+# Content parts that carry media, and what each is called in llama-server's error.
+MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video"}
+MEDIA_PARTS["video_url"] = "video"
+
+
+def refuse_media(messages: list[Any]) -> None:
+    """llama-server's error for media in a chat with a model that has no projector: a 500
+    that names the kind and the missing mmproj."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = MEDIA_PARTS.get(str(part.get("type"))) if isinstance(part, dict) else None
+            if kind:
+                raise ApiError(
+                    f"{kind} input is not supported - hint: if this is unexpected, "
+                    "you may need to provide the mmproj",
+                    "server_error",
+                )
+
+
 def chat_messages(
     server: Server, body: Mapping[str, Any], tools: ToolRequest | None = None
 ) -> tuple[Messages, Callable[[Window], str], Callable[[Window], list[int]]]:
@@ -271,6 +291,7 @@ def chat_messages(
         raise ApiError("'messages' is required")
     if not isinstance(body["messages"], list):
         raise ApiError("Expected 'messages' to be an array")
+    refuse_media(body["messages"])
     try:
         messages: Messages = list(validate_messages(body["messages"]))
     except UsageError as exc:

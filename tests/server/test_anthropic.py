@@ -122,7 +122,7 @@ def test_count_tokens_is_the_prompt(client: Any) -> None:
 def test_a_malformed_request_is_a_400(client: Any) -> None:
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         client.post("/v1/messages", body={"model": "local", "messages": ASK}, cast_to=object)
-    with pytest.raises(anthropic.BadRequestError, match="image block is not supported"):
+    with pytest.raises(anthropic.BadRequestError, match="image's source must be"):
         client.messages.create(
             model="local",
             max_tokens=8,

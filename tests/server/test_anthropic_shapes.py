@@ -65,6 +65,46 @@ def test_a_conversation_with_a_tool_round() -> None:
     ]
 
 
+PNG = "iVBORw0KGgo="
+
+
+def test_images_become_image_url_parts_and_an_empty_conversation_one_empty_turn() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}
+    url_image = {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "t1",
+        "content": [{"type": "text", "text": "File: a.png"}, image],
+    }
+    chat = to_chat(
+        {
+            "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "r"}]},
+                {"role": "user", "content": [result, url_image]},
+            ],
+        }
+    )
+    first, _, tool, last = chat["messages"]
+    data_url = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG}}
+    assert first["content"] == [data_url, {"type": "text", "text": "What is it?"}]
+    assert tool == {
+        "role": "tool",
+        "tool_call_id": "t1",
+        "content": [{"type": "text", "text": "File: a.png"}, data_url],
+    }
+    assert last["content"] == [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]
+    # Text alone stays a string; no messages at all is one empty user turn, as llama-server.
+    assert to_chat({"max_tokens": 8, "messages": []})["messages"] == [
+        {"role": "user", "content": ""}
+    ]
+    assert to_chat({"max_tokens": 8, "system": "S", "messages": []})["messages"][1] == {
+        "role": "user",
+        "content": "",
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [
@@ -73,7 +113,7 @@ def test_a_conversation_with_a_tool_round() -> None:
         ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "role must be"),
         (
             {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
-            "a image block is not supported",
+            "an image's source must be of type base64 or url",
         ),
         ({"max_tokens": 8, "messages": [], "tool_choice": {"type": "all"}}, "tool_choice"),
     ],

@@ -122,6 +122,21 @@ def test_prompt_as_token_ids_and_mixed_give_the_string_prompts_text(http: httpx.
     r = http.post("/completion", json={"prompt": image, "n_predict": 2})
     assert r.status_code == 400
     assert "does not support multimodal requests" in r.json()["error"]["message"]
+    # In a chat, llama-server's 500 that names the missing projector; audio likewise.
+    for part, kind in (
+        (
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            "image",
+        ),
+        ({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}, "audio"),
+    ):
+        content = [{"type": "text", "text": "What is this?"}, part]
+        r = http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]}
+        )
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["message"].startswith(f"{kind} input is not supported")
+        assert "mmproj" in r.json()["error"]["message"]
 
 
 def test_a_list_of_prompts_gives_one_result_each_in_order(http: httpx.Client) -> None:
