@@ -102,6 +102,12 @@ DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
     "(-1: no limit, 0: off; default: 8192, or half the free RAM when that is less).",
 )
 @click.option(
+    "--cache-idle-slots/--no-cache-idle-slots",
+    default=True,
+    help="When a request starts, keep idle slots' prompts in the prompt cache (--cache-ram) and, "
+    "with --kv-unified, free their room in the pool.",
+)
+@click.option(
     "--cache-disk",
     type=int,
     default=0,
@@ -357,6 +363,7 @@ def server_settings(
         seed=options["seed"],
         context_shift=options["context_shift"],
         cache_ram=cache_ram_limit(options["cache_ram"], cache_budget),
+        cache_idle_slots=options["cache_idle_slots"],
         slot_save_path=slot_folder(options["slot_save_path"]),
         cache_disk=cache_disk(options["cache_disk"]),
         reasoning_format=options["reasoning_format"],

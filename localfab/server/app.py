@@ -192,6 +192,7 @@ def _worker(source: Any, settings: ServerSettings, ledger: LedgerWriter | None) 
         ledger=ledger,
         n_parallel=settings.n_parallel,
         cache_ram=settings.cache_ram,
+        cache_idle_slots=settings.cache_idle_slots,
         cache_disk=settings.cache_disk,
         sleep_idle=settings.sleep_idle_seconds,
     )

@@ -39,6 +39,9 @@ class ServerSettings:
     context_shift: bool = False  # --context-shift: drop old tokens instead of stopping when full
     # --cache-ram: bytes for idle prompts' KV states (None: no limit, 0: off)
     cache_ram: int | None = 0
+    # --cache-idle-slots (llama-server's default): when a job starts, idle slots' prompts go to
+    # the prompt cache, and with a unified KV pool leave it, so the running ones have the room.
+    cache_idle_slots: bool = True
     # --cache-disk: the prompt cache's disk tier (folder, bytes); None: RAM only.
     cache_disk: tuple[Path, int] | None = None
     # Thinking models: --reasoning-format (none, deepseek, deepseek-legacy, auto: where the

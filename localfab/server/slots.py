@@ -55,6 +55,7 @@ class JobQueue(Protocol):
     metrics: Metrics
     slots: list[SlotView]
     prompt_cache: PromptCache
+    cache_idle_slots: bool
 
     @property
     def stopping(self) -> bool: ...
@@ -165,6 +166,7 @@ class SlotRunner:
             job.placed[0] = slot.id
             try:
                 self._start(job, slot, leader)
+                self._cache_idle(slot)
             except LocalfabError as exc:
                 self._fail(job, exc)
 
@@ -232,6 +234,26 @@ class SlotRunner:
         self.active[slot.id] = act
         if job.return_progress:
             run.progress(run.cache)
+
+    def _cache_idle(self, started: Slot) -> None:
+        """llama-server's --cache-idle-slots: as a job starts, each idle slot's prompt goes to
+        the prompt cache (unless a kept state holds it already), and with a unified KV pool the
+        slot is emptied, so the running slots have the pool's room; a later request for that
+        prompt restores it from the cache."""
+        cache = self.worker.prompt_cache
+        if not (self.worker.cache_idle_slots and cache.enabled):
+            return
+        unified = self.engine.settings.kv_unified
+        for slot in self.decoder.idle():
+            if slot is started or not slot.kv.cached:
+                continue
+            n = len(slot.kv.cached)
+            if cache.worth_keeping(slot.kv.cached):
+                cache.put(slot.kv.cached, slot.kv.save_state())
+                log.info("prompt cache: kept idle slot %d's prompt (%d tokens)", slot.id, n)
+            if unified:
+                slot.kv.clear()
+                log.info("slot %d: idle, its %d tokens left the shared KV pool", slot.id, n)
 
     def _evaluate_only(self, job: Job, slot: Slot) -> None:
         """n_predict 0: put the prompt in the slot's cache, generate nothing."""

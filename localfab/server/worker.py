@@ -60,6 +60,7 @@ class EngineWorker:
         ledger: LedgerWriter | None = None,
         n_parallel: int = 1,
         cache_ram: int | None = 0,
+        cache_idle_slots: bool = False,
         cache_disk: tuple[Path, int] | None = None,
         sleep_idle: float = -1,
     ) -> None:
@@ -79,6 +80,7 @@ class EngineWorker:
         # Idle conversations' prompts, kept when a slot takes another and restored when they
         # come back (`--cache-ram` bytes; 0: off).
         self.prompt_cache = PromptCache(cache_ram)
+        self.cache_idle_slots = cache_idle_slots  # idle slots' prompts kept as a job starts
         self._cache_disk = cache_disk  # the disk tier's (folder, bytes), keyed once loaded
         self.context_shift = context_shift
         # Each reply's figures go to the usage ledger (`localfab stats`), with the energy it
