@@ -52,6 +52,11 @@ FA_CHOICES = click.Choice(["auto", "on", "off"])
 
 log = logging.getLogger("localfab.server")
 
+# -np -1 (llama-server's "auto", the default): this many slots, sharing one KV pool. The pool is
+# the context the plan sized for one slot (a unified pool holds -c cells however many sequences
+# use it), so it takes no more memory than one slot; a side request (a title, a completion)
+# runs beside a reply instead of waiting for it.
+AUTO_SLOTS = 4
 # llama-server's default --cache-ram, in MiB.
 DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
 
@@ -172,8 +177,9 @@ DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
     "-np",
     "--parallel",
     type=int,
-    default=1,
-    help="Slots: requests decoded together, each with -c / N of the context (more queue).",
+    default=-1,
+    help="Slots: requests decoded together, each with -c / N of the context (more queue); "
+    f"-1 (default, as llama-server): {AUTO_SLOTS} slots sharing one KV pool of -c tokens.",
 )
 @click.option(
     "-kvu",
@@ -272,8 +278,13 @@ def check_options(options: dict[str, Any]) -> None:
     origins, Vertex AI's port); warns when an open address has no key."""
     if options["ctx_size"] is not None and options["ctx_size"] < 0:
         raise UsageError(f"-c {options['ctx_size']} is not a context size")
-    if options["parallel"] < 1:
-        options["parallel"] = 1
+    if options["parallel"] == -1:  # auto
+        options["parallel"], options["kv_unified"] = AUTO_SLOTS, True
+    elif options["parallel"] < 1:
+        raise UsageError(
+            f"-np {options['parallel']}: give a number of slots (1 or more), or -1 for "
+            f"{AUTO_SLOTS} slots sharing one KV pool"
+        )
     sleep = options.get("sleep_idle_seconds", -1)
     if sleep != -1 and sleep <= 0:
         raise UsageError(f"--sleep-idle-seconds {sleep:g}: give a number of seconds above 0, or -1")

@@ -83,7 +83,7 @@ class _Active:
     run: JobRun
     view: SlotView
     evaluated: int = 0  # prompt tokens in the cache at the last progress report
-    # The reply's energy, measured while it is the only one running (one slot).
+    # The reply's energy, measured while it is the only one running (see `_measure`).
     measurement: Measurement | None = None
 
 
@@ -227,13 +227,24 @@ class SlotRunner:
             run.cache = len(job.tokens)
         self.worker.slots[slot.id] = view
         act = _Active(job, run, view, evaluated=slot.n_evaluated)
-        if len(self.decoder.slots) == 1:  # one reply at a time: its energy is its own
-            act.measurement = self.worker.measurement()
-            if act.measurement is not None:
-                act.measurement.__enter__()
+        self._measure(act)
         self.active[slot.id] = act
         if job.return_progress:
             run.progress(run.cache)
+
+    def _measure(self, act: _Active) -> None:
+        """A reply's energy is measured while it runs alone: it starts when no other reply
+        runs, and a reply that starts beside it ends the measurement (the energy is shared
+        then, and no reply's own)."""
+        for other in self.active.values():
+            if other.measurement is not None:
+                other.measurement.__exit__(None, None, None)
+                other.measurement = None
+        if self.active:
+            return
+        act.measurement = self.worker.measurement()
+        if act.measurement is not None:
+            act.measurement.__enter__()
 
     def _cache_idle(self, started: Slot) -> None:
         """llama-server's --cache-idle-slots: as a job starts, each idle slot's prompt goes to
