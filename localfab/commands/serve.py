@@ -52,10 +52,9 @@ FA_CHOICES = click.Choice(["auto", "on", "off"])
 
 log = logging.getLogger("localfab.server")
 
-# -np -1 (llama-server's "auto", the default): this many slots, sharing one KV pool. The pool is
-# the context the plan sized for one slot (a unified pool holds -c cells however many sequences
-# use it), so it takes no more memory than one slot; a side request (a title, a completion)
-# runs beside a reply instead of waiting for it.
+# -np -1 (llama-server's "auto", the default): this many slots sharing one KV pool, the context
+# the plan sized for one slot (a unified pool holds -c cells for all), so no more memory than
+# one slot; a side request (a title, a completion) runs beside a reply instead of after it.
 AUTO_SLOTS = 4
 # llama-server's default --cache-ram, in MiB.
 DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB

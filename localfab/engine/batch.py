@@ -15,6 +15,7 @@ prompt is done its cells are copied to the followers, which sample from the same
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp as lc
 import numpy as np
 
+from localfab.engine.image_ids import image_end
 from localfab.engine.kvcache import KVCache
 from localfab.engine.reply import (
     ReplyState,
@@ -67,6 +69,7 @@ class BatchDecoder:
         ]
         for slot in self.slots[1:]:
             slot.kv.clear()  # cells an earlier decoder left in these sequences: not mirrored
+            slot.kv.images = engine.kv.images  # a vision model's projector, for every slot
         self.n_batch = engine.n_batch
         # Prompt tokens one step takes while other replies are generating: one micro-batch, so
         # their next tokens wait for one micro-batch of prompt, not for the whole prompt.
@@ -179,6 +182,8 @@ class BatchDecoder:
             cancel = r.state.opts.cancel
             if cancel is not None and cancel.is_set():
                 out.append(SlotEvents(slot, tuple(self._cancelled(slot))))
+            elif r.todo and r.todo[0] < 0 and not self._image(slot, r, out):
+                continue
             elif limit > n:
                 taken, last = self._fill_prompt(slot, r, n, limit - n)
                 n += taken
@@ -229,10 +234,26 @@ class BatchDecoder:
             n += len(drafts)
         return n
 
+    def _image(self, slot: Slot, r: SlotReply, out: list[SlotEvents]) -> bool:
+        """An image at the head of a slot's prompt: encoded and decoded now, in a batch of its
+        own (`engine.vision`); False when that failed (the reply ends with the error)."""
+        n = image_end(r.todo, 1)
+        try:
+            slot.kv.decode(r.todo[:n], len(slot.kv.cached), logits_last=False)
+        except LocalfabError as exc:
+            self._release(slot)
+            out.append(SlotEvents(slot, error=exc))
+            return False
+        del r.todo[:n]
+        return True
+
     def _fill_prompt(self, slot: Slot, r: SlotReply, n: int, room: int) -> tuple[int, bool]:
         """Put up to `room` of a slot's prompt in the batch at row `n`: how many tokens, and
-        whether they end the prompt (its last one then has logits)."""
+        whether they end the prompt (its last one then has logits). Text only: an image
+        stops the chunk (the next step evaluates it, `_image`)."""
         chunk = r.todo[:room]
+        if min(chunk, default=0) < 0:
+            chunk = list(itertools.takewhile(lambda t: t >= 0, chunk))
         start = len(slot.kv.cached)
         last = len(chunk) == len(r.todo)
         for i, tok in enumerate(chunk):

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import llama_cpp as lc
 import numpy as np
 
+from localfab.engine.image_ids import Images, image_end, image_start
 from localfab.engine.prompt_cache import PromptCache, Restored, common_prefix
 from localfab.errors import ContextOverflow, LocalfabError
 
@@ -74,6 +75,9 @@ class KVCache:
         # Where this sequence keeps what it is about to drop, and finds prompts it held before
         # (None: nowhere). Only sequences that run requests have one, never a draft's.
         self.prompt_cache: PromptCache | None = None
+        # The model's vision projector, which evaluates the image runs of a prompt (None: the
+        # prompts hold text only).
+        self.images: Images | None = None
 
     def free(self) -> None:
         """Free the batches (the context belongs to the engine)."""
@@ -93,6 +97,10 @@ class KVCache:
 
     def decode(self, tokens: Sequence[int], start: int, *, logits_last: bool = True) -> None:
         """Evaluate tokens at positions start.. in batches; their KV cells join the cache."""
+        if self.images is not None and tokens and min(tokens) < 0:  # images among them
+            self.images.decode(self, tokens, start, logits_last=logits_last)
+            self._after_cut = None if logits_last else (len(self.cached), None)
+            return
         n_batch = self.n_batch
         batch = self._batch
         for off in range(0, len(tokens), n_batch):
@@ -244,6 +252,7 @@ class KVCache:
         lcp = self.common_prefix(tokens)
         if need_logits and lcp == len(tokens) and lcp > 0:
             lcp -= 1
+        lcp = image_start(tokens, lcp)  # an image is evaluated whole, never from its middle
         if lcp < len(cached):
             if not lc.llama_memory_seq_rm(self.mem, self.seq, lcp, -1):
                 # Some caches (sliding window without swa_full, recurrent) cannot drop a
@@ -363,6 +372,7 @@ class KVCache:
             raise ValueError(
                 f"span [{start}, {end}) is outside the cache of {len(self.cached)} tokens"
             )
+        start, end = image_start(self.cached, start), image_end(self.cached, end)  # images whole
         if start == end:
             return
         if not self.can_shift:

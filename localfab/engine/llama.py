@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp as lc
 
 from localfab.engine import generation, native
+from localfab.engine.image_ids import Images
 from localfab.engine.kvcache import KVCache
 from localfab.engine.native import backend_info, physical_cores
 from localfab.engine.types import (
@@ -72,8 +73,7 @@ class Engine:
         """
         self.path = Path(path)
         self.settings = s = settings or EngineSettings()
-        # Speculative decoding, when turned on (`set_speculation`); the stream picks its loop
-        # by this once per reply.
+        # Speculative decoding once on (`set_speculation`): each reply's loop is chosen by it.
         self._speculator: Speculator | None = None
         self._exact_batch: dict[int, tuple[int, int]] = {}
         check_gguf_file(self.path)
@@ -115,6 +115,7 @@ class Engine:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._owner = threading.get_ident()
         self._eog: list[int] | None = None
+        self.projector: Images | None = None  # a vision model's (`vision.attach_projector`)
         if self.settings.warmup:
             self._warmup()
         self._lock = threading.Lock()
@@ -130,6 +131,11 @@ class Engine:
     def ctx(self) -> Any:
         """llama.cpp's context (a `llama_context_p`)."""
         return self._ctx
+
+    @property
+    def model(self) -> Any:
+        """llama.cpp's model (a `llama_model_p`)."""
+        return self._model
 
     @property
     def vocab(self) -> Any:
@@ -188,6 +194,8 @@ class Engine:
         if spec is not None:
             spec.close()
             self._speculator = None
+        if (projector := getattr(self, "projector", None)) is not None:
+            projector.close()  # before the model it belongs to
         kv: KVCache | None = getattr(self, "_kv", None)
         if kv is not None:
             kv.free()
@@ -222,14 +230,11 @@ class Engine:
         out: dict[str, str] = {}
         buf = ctypes.create_string_buffer(1 << 16)
         for i in range(lc.llama_model_meta_count(self._model)):
-            n = lc.llama_model_meta_key_by_index(self._model, i, buf, len(buf))
-            if n < 0:
+            if lc.llama_model_meta_key_by_index(self._model, i, buf, len(buf)) < 0:
                 continue
             key = buf.value.decode("utf-8", errors="replace")
-            n = lc.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf))
-            if n < 0:
-                continue
-            out[key] = buf.value.decode("utf-8", errors="replace")
+            if lc.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf)) >= 0:
+                out[key] = buf.value.decode("utf-8", errors="replace")
         return out
 
     def chat_template(self) -> str | None:
@@ -325,8 +330,10 @@ class Engine:
         return buf.raw[:n].decode("utf-8", errors="replace")
 
     def check_tokens(self, tokens: Sequence[int]) -> None:
-        """UsageError for a token id outside the vocabulary."""
-        bad = outside_vocab(tokens, self.n_vocab)
+        """UsageError for a token id outside the vocabulary (image ids aside, with a projector)."""
+        bad = outside_vocab(
+            [t for t in tokens if t >= 0] if self.projector else tokens, self.n_vocab
+        )
         if bad is not None:
             raise UsageError(vocab_message(bad, self.n_vocab))
 
@@ -346,11 +353,7 @@ class Engine:
         self._kv.clear()
 
     def drop_span(self, start: int, end: int) -> None:
-        """Remove cached tokens [start, end) and slide the later ones back, without re-processing.
-
-        This is the context shift: RoPE positions of the kept cells are moved by llama.cpp
-        (`llama_memory_seq_add`). Raises if the model's cache cannot shift.
-        """
+        """The context shift: cached tokens [start, end) leave (`KVCache.drop_span`)."""
         self._kv.drop_span(start, end)
 
     def shift_to(self, target: Sequence[int]) -> tuple[int, int]:
@@ -383,10 +386,8 @@ class Engine:
             return self._kv.evaluate(tokens)
 
     def use_prompt_cache(self, cache: PromptCache | None) -> None:
-        """Keep what the cache holds when a prompt of another conversation replaces most of
-        it, and restore it when that conversation comes back (`evaluate`, `stream`); None:
-        off. A draft model's sequence gets a cache of its own beside it (set speculation
-        first). The server's slots get theirs from its runner (`server.slots`)."""
+        """The prompt cache of this engine's sequence (`KVCache.swap_with_cache`; None: off),
+        and one beside it for a draft model's (set speculation first); slots: `server.slots`."""
         self._kv.prompt_cache = cache
         draft = self.draft_engine
         if isinstance(draft, Engine):
@@ -397,9 +398,8 @@ class Engine:
         return self._kv.prompt_cache
 
     def persist_prompt(self, slack: int = 0) -> int:
-        """Write what the cache holds to the prompt cache's disk tier, unless a file holds it
-        already, all but its last `slack` tokens at least (a chat gone idle, the app quitting,
-        `run` ending); the bytes written."""
+        """Write what the cache holds to the prompt cache's disk tier (`KVCache.persist`: a
+        chat gone idle, the app quitting, `run` ending); the bytes written."""
         with self._lock:
             draft = self.draft_engine
             if draft is not None:
@@ -430,8 +430,7 @@ class Engine:
         return 0 if self._speculator is None else self._speculator.max_batch_past
 
     @property
-    def draft_engine(self) -> Handle | None:
-        """The draft model's engine with "draft-simple", else None."""
+    def draft_engine(self) -> Handle | None:  # the draft model's with "draft-simple"
         return None if self._speculator is None else self._speculator.draft_engine
 
     def load_draft(self, path: str | Path, n_gpu_layers: int | None = None) -> Engine:

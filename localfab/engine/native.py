@@ -118,6 +118,13 @@ def ensure_backend() -> None:
             _backend_ready = True
 
 
+def route_log(setter: Any) -> None:
+    """Route another llama.cpp library's log (mtmd's, given its `..._log_set`) through the same
+    callback, so its lines reach Python logging and `log_since` too."""
+    ensure_backend()
+    setter(_on_log, ctypes.c_void_p(0))
+
+
 def log_mark() -> int:
     """A position in llama.cpp's log; `log_since(mark)` returns the lines logged after it."""
     with _log_lock:

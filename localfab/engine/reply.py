@@ -55,6 +55,8 @@ def check_request(engine: Handle, prompt: Sequence[int], opts: GenerationOptions
     """UsageError / ContextOverflow for a request the engine cannot start."""
     if not prompt:
         raise UsageError("the prompt is empty")
+    if prompt[-1] < 0:  # an image's id (`image_ids`): the reply follows text
+        raise UsageError("a prompt cannot end with an image: text must follow it")
     if opts.max_tokens == 0 or opts.max_tokens < -1:
         raise UsageError(f"max_tokens must be positive or -1 for no limit, not {opts.max_tokens}")
     if len(prompt) >= engine.n_ctx:

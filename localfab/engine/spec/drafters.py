@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -110,7 +111,8 @@ class NgramDraft:
                 period = size - at
                 while len(out) < n:
                     out.append(out[len(out) - period])
-                return out
+                # Never an image's ids (`image_ids`): they are not tokens to decode.
+                return list(itertools.takewhile(lambda t: t >= 0, out))
         return []
 
 
@@ -158,7 +160,7 @@ class ModelDraft:
     def draft(self, n: int) -> list[int]:
         kv = self.kv
         n = min(n, kv.n_ctx - len(self.tokens))
-        if n <= 0:
+        if n <= 0 or min(self.tokens, default=0) < 0:  # a draft model reads no images
             return []
         self._sync()
         out: list[int] = []

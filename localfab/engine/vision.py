@@ -1,0 +1,260 @@
+"""Images in a prompt, through llama.cpp's multimodal library (mtmd) and a vision projector.
+
+A vision model ships its projector (an `mmproj` GGUF) beside its weights: it turns an image
+into embeddings in the text model's space. `Projector.image_tokens` checks an image's bytes
+(format, size, before anything is decoded), lets mtmd prepare it (resized to the projector's
+size) and gives the tokens it takes in a prompt: the model's own image markers around a run of
+image ids (`image_ids`). Those stand in a sequence's token list like text; when a run of them is
+evaluated (`KVCache.decode` hands prompts that hold one to `Projector.decode`), the projector
+encodes the image and llama.cpp decodes its embeddings into the sequence's cells at those
+positions. The same image again (the next turn of a chat) is found in the cache by its ids and
+not encoded again; `n_encoded` counts the encodings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import llama_cpp as lc
+import llama_cpp.mtmd_cpp as mtmd
+
+from localfab.engine import native
+from localfab.engine.image_ids import image_end, index_in_image, run_ids
+from localfab.errors import LocalfabError
+from localfab.gguf.modelfile import check_gguf_file
+
+if TYPE_CHECKING:
+    from localfab.engine.kvcache import KVCache
+
+
+class Host(Protocol):
+    """The engine a projector is attached to (`engine.Engine`)."""
+
+    model: Any
+    ctx: Any
+    n_threads: int
+    kv: KVCache
+    projector: Any
+
+
+# Larger images are refused before they are decoded (a small file can claim a huge size).
+MAX_PIXELS = 1 << 26  # 8192 x 8192
+# Prepared images kept for evaluation, the oldest freed first (each holds its resized pixels).
+KEPT_IMAGES = 32
+FORMATS = "PNG, JPEG, GIF or BMP"
+
+
+def image_size(data: bytes) -> tuple[str, int, int]:
+    """The format, width and height an image's header says; LocalfabError for what is not an
+    image llama.cpp reads, a header cut short, or more than `MAX_PIXELS`."""
+    fmt, size = _header(data)
+    if size is None:
+        raise LocalfabError(f"the {fmt} image is corrupt or cut short (its header is incomplete)")
+    width, height = size
+    if width <= 0 or height <= 0:
+        raise LocalfabError(f"the {fmt} image says it is {width}x{height} pixels: corrupt")
+    if width * height > MAX_PIXELS:
+        raise LocalfabError(
+            f"the {fmt} image is {width}x{height} pixels, more than {MAX_PIXELS // 10**6} million: "
+            "scale it down first"
+        )
+    return fmt, width, height
+
+
+def _header(data: bytes) -> tuple[str, tuple[int, int] | None]:
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        if len(data) < 24 or data[12:16] != b"IHDR":
+            return "PNG", None
+        return "PNG", struct.unpack(">II", data[16:24])
+    if data.startswith(b"\xff\xd8"):
+        return "JPEG", _jpeg_size(data)
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "GIF", struct.unpack("<HH", data[6:10]) if len(data) >= 10 else None
+    if data.startswith(b"BM"):
+        if len(data) < 26:
+            return "BMP", None
+        width, height = struct.unpack("<ii", data[18:26])
+        return "BMP", (width, abs(height))
+    raise LocalfabError(f"not an image llama.cpp can read: give a {FORMATS} file")
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """A JPEG's size from its frame header (SOF0..SOF15 but DHT, JPG and DAC)."""
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        length = struct.unpack(">H", data[i + 2 : i + 4])[0]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if i + 9 > len(data):
+                return None
+            height, width = struct.unpack(">HH", data[i + 5 : i + 9])
+            return width, height
+        i += 2 + length
+    return None
+
+
+class Projector:
+    """A vision projector loaded beside a model, on the context `ctx` (see the module doc)."""
+
+    def __init__(
+        self, model: Any, ctx: Any, path: Path, *, n_threads: int, use_gpu: bool = True
+    ) -> None:
+        check_gguf_file(path)
+        native.route_log(mtmd.mtmd_helper_log_set)
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.n_threads = n_threads
+        params.print_timings = False
+        params.warmup = False
+        mark = native.log_mark()
+        self._mctx: Any = mtmd.mtmd_init_from_file(str(path).encode(), model, params)
+        if not self._mctx:
+            raise LocalfabError(
+                f"cannot use {path.name} as this model's projector: {_reason(mark)}"
+            )
+        if not mtmd.mtmd_support_vision(self._mctx):
+            self.close()
+            raise LocalfabError(f"{path.name} is a projector that reads no images")
+        self.path = path
+        self._ctx = ctx
+        self.n_ubatch = int(lc.llama_n_ubatch(ctx))
+        self.marker = (mtmd.mtmd_default_marker() or b"<__media__>").decode()
+        # first image id of a run -> the prepared image (an mtmd chunk this object owns)
+        self._images: OrderedDict[int, Any] = OrderedDict()
+        self.n_encoded = 0  # images the projector encoded (each reuse of one saves one)
+
+    def close(self) -> None:
+        """Free the prepared images and the projector (before the model it was loaded with)."""
+        for chunk in self._images.values():
+            mtmd.mtmd_input_chunk_free(chunk)
+        self._images.clear()
+        if self._mctx:
+            mtmd.mtmd_free(self._mctx)
+            self._mctx = None
+
+    # --- images to tokens ----------------------------------------------------------------------
+
+    def image_tokens(self, data: bytes) -> list[int]:
+        """The tokens an image takes in a prompt: the model's markers around its image ids.
+        LocalfabError, in one line, for what is not an image, a corrupt one, or one too big."""
+        fmt, _, _ = image_size(data)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self._mctx, buf, len(data), False)
+        if not bitmap:
+            raise LocalfabError(f"the {fmt} image could not be decoded: corrupt or cut short")
+        chunks = mtmd.mtmd_input_chunks_init()
+        try:
+            text = self.marker.encode()
+            part = mtmd.mtmd_input_text(text, len(text), False, True)
+            bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+            rc = mtmd.mtmd_tokenize(self._mctx, chunks, ctypes.byref(part), bitmaps, 1)
+            if rc != 0:
+                raise LocalfabError(f"the projector could not prepare the {fmt} image ({rc})")
+            out: list[int] = []
+            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+                out += self._tokens_of(mtmd.mtmd_input_chunks_get(chunks, i), data)
+            return out
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
+            mtmd.mtmd_bitmap_free(bitmap)
+
+    def _tokens_of(self, chunk: Any, data: bytes) -> list[int]:
+        if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+            count = ctypes.c_size_t()
+            tokens = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+            return [int(tokens[j]) for j in range(count.value)] if tokens else []
+        if mtmd.mtmd_input_chunk_get_type(chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            raise LocalfabError("the projector gave audio for an image")
+        n = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
+        if int(mtmd.mtmd_input_chunk_get_n_pos(chunk)) != n:
+            raise LocalfabError(
+                "this projector places images on a grid of positions (M-RoPE), not supported yet"
+            )
+        if mtmd.mtmd_decode_use_non_causal(self._mctx, chunk) and n > self.n_ubatch:
+            # llama.cpp aborts the process on a non-causal batch larger than a micro-batch.
+            raise LocalfabError(
+                f"an image takes {n} tokens with this projector, more than the micro-batch "
+                f"(-ub {self.n_ubatch}): start with -ub {n} or more"
+            )
+        digest = (mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode()
+        ids = run_ids(digest or hashlib.sha256(data).hexdigest(), n)
+        self._keep(ids[0], chunk)
+        return ids
+
+    def _keep(self, first: int, chunk: Any) -> None:
+        if first in self._images:
+            self._images.move_to_end(first)
+            return
+        self._images[first] = mtmd.mtmd_input_chunk_copy(chunk)
+        while len(self._images) > KEPT_IMAGES:
+            mtmd.mtmd_input_chunk_free(self._images.popitem(last=False)[1])
+
+    # --- evaluation ----------------------------------------------------------------------------
+
+    def decode(self, kv: KVCache, tokens: Sequence[int], start: int, *, logits_last: bool) -> None:
+        """Evaluate `tokens` (text and image runs) at positions start.. of `kv`'s sequence."""
+        if logits_last and tokens and tokens[-1] < 0:
+            raise LocalfabError("a prompt cannot end with an image: text must follow it")
+        i = 0
+        while i < len(tokens):
+            if tokens[i] >= 0:
+                j = i
+                while j < len(tokens) and tokens[j] >= 0:
+                    j += 1
+                kv.decode(tokens[i:j], start + i, logits_last=logits_last and j == len(tokens))
+            else:
+                j = image_end(tokens, i + 1)
+                self._evaluate(kv, tokens[i:j], start + i)
+            i = j
+
+    def _evaluate(self, kv: KVCache, run: Sequence[int], pos: int) -> None:
+        chunk = self._images.get(run[0]) if index_in_image(run[0]) == 0 else None
+        if chunk is None or int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)) != len(run):
+            raise LocalfabError("an image of this prompt is no longer held: send it again")
+        self._images.move_to_end(run[0])
+        new_past = lc.llama_pos(0)
+        rc = mtmd.mtmd_helper_eval_chunk_single(
+            self._mctx, self._ctx, chunk, pos, kv.seq, kv.n_batch, False, ctypes.byref(new_past)
+        )
+        if rc != 0:
+            kv.sync_after_failure()
+            raise LocalfabError(f"llama.cpp could not evaluate the image ({rc})")
+        self.n_encoded += 1
+        del kv.cached[pos:]
+        kv.cached.extend(run)
+
+
+def attach_projector(engine: Host, path: Path, *, use_gpu: bool = True) -> Projector:
+    """Load a vision projector beside `engine`'s model: its prompts may then hold images (its
+    own sequence's; a server's slots get it from their runner). LocalfabError, in one line,
+    when the file is not a projector for this model."""
+    projector = Projector(
+        engine.model, engine.ctx, path, n_threads=engine.n_threads, use_gpu=use_gpu
+    )
+    engine.projector = projector
+    engine.kv.images = projector
+    return projector
+
+
+def _reason(mark: int) -> str:
+    """Why mtmd refused a projector, from the log lines since `mark`."""
+    lines = [line.strip() for line in native.log_since(mark) if line.strip()]
+    if any("failed to load clip model" in line.lower() for line in lines):
+        return "llama.cpp's loader refused it: is it a vision projector (an mmproj-*.gguf)?"
+    for k, line in enumerate(lines):
+        if "error:" in line:
+            reason = line.split("error:", 1)[1].strip()
+            hint = next((h for h in lines[k + 1 : k + 2] if h.startswith("hint:")), "")
+            return f"{reason} ({hint})" if hint else reason
+    return "llama.cpp could not load it (run with -v to see why)"
