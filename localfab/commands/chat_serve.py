@@ -88,8 +88,8 @@ def serving_loader(
 
     def load(progress: Any, cancel: threading.Event) -> ChatModel:
         from localfab.commands.running import RunningServer, forget_server, record_server
-        from localfab.commands.serve import local_url, plan_serving, server_app
-        from localfab.commands.serve_flags import is_loopback
+        from localfab.commands.serve import plan_serving, server_app
+        from localfab.commands.serve_flags import is_loopback, local_url
         from localfab.config import default_paths
         from localfab.remote.client import Remote
         from localfab.server.runner import BackgroundServer

@@ -22,18 +22,19 @@ from localfab.commands.serve_flags import (
     cache_ram_limit,
     is_loopback,
     llama_server_options,
+    local_url,
     refused_options,
     slot_folder,
     template_kwargs,
 )
 from localfab.commands.serve_router import router_options, serve_router
+from localfab.commands.serve_vision import finish_load, media_folder, vision_options
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.commands.thinking import (
     budget_options,
     chat_template_option,
     reasoning_option,
     template_file_option,
-    use_template_file,
 )
 from localfab.engine.prompt_cache import DEFAULT_LIMIT
 from localfab.errors import ModelError, UsageError
@@ -214,6 +215,7 @@ DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
 @llama_server_options
 @router_options
 @refused_options
+@vision_options
 @click.option(
     "--no-ledger",
     "no_ledger",
@@ -375,6 +377,7 @@ def server_settings(
         cache_ram=cache_ram_limit(options["cache_ram"], cache_budget),
         cache_idle_slots=options["cache_idle_slots"],
         slot_save_path=slot_folder(options["slot_save_path"]),
+        media_path=media_folder(options["media_path"]),
         cache_disk=cache_disk(options["cache_disk"]),
         reasoning_format=options["reasoning_format"],
         reasoning=options["reasoning"],
@@ -403,7 +406,7 @@ def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Ca
             parallel=n_parallel,
             kv_unified=options["kv_unified"],
         )
-        use_template_file(loaded, options["chat_template_file"], options["chat_template"])
+        finish_load(loaded, options)
         for notice in loaded.notices:
             click.echo(f"localfab: note: {notice}", err=True)
         engine = loaded.engine
@@ -416,12 +419,6 @@ def _loader(choice: ModelChoice, options: dict[str, Any], n_parallel: int) -> Ca
         return loaded
 
     return loader
-
-
-def local_url(host: str, port: int) -> str:
-    """The URL a client on this machine reaches a server listening on host:port at."""
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def server_app(

@@ -64,8 +64,8 @@ REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
      "embeddings and reranking are not served"),
     (("--pooling",), True, "embeddings and reranking are not served"),
     (("--lora", "--lora-scaled"), True, "LoRA adapters are not supported"),
-    (("--mmproj", "-mm", "--mmproj-url", "-mmu", "--media-path"), True,
-     "images are not read yet (no multimodal projector support)"),
+    (("--mmproj-url", "-mmu"), True,
+     "models are not downloaded while serving: download the projector, then give --mmproj FILE"),
     (("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json"), True,
      "server-side built-in tools and the MCP proxy are left out on purpose (llama-server says "
      "not to enable them where clients are not trusted); `localfab chat` has MCP tools"),
@@ -203,3 +203,9 @@ def is_loopback(host: str) -> bool:
             )
         except (OSError, ValueError):
             return False
+
+
+def local_url(host: str, port: int) -> str:
+    """The URL a client on this machine reaches a server listening on host:port at."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -303,12 +303,12 @@ class Engine:
         return list(buf[:n])
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        """The bytes one token stands for (may be part of a UTF-8 character)."""
-        buf = (
-            self._piece_buf
-            if threading.get_ident() == self._owner
-            else ctypes.create_string_buffer(256)
-        )
+        """The bytes one token stands for (may be part of a UTF-8 character); an image's id
+        (`image_ids`) stands for none."""
+        if token < 0:
+            return b""
+        own = threading.get_ident() == self._owner
+        buf = self._piece_buf if own else ctypes.create_string_buffer(256)
         n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
@@ -316,7 +316,8 @@ class Engine:
         return buf.raw[:n]
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
-        """Text of a token sequence in one go (llama.cpp's own detokenizer)."""
+        """Text of a token sequence in one go (llama.cpp's own detokenizer; images' ids aside)."""
+        tokens = [t for t in tokens if t >= 0] if min(tokens, default=0) < 0 else tokens
         if not tokens:
             return ""
         arr = (lc.llama_token * len(tokens))(*tokens)
@@ -324,8 +325,7 @@ class Engine:
         buf = ctypes.create_string_buffer(size)
         n = lc.llama_detokenize(self._vocab, arr, len(tokens), buf, size, False, special)
         if n < 0:
-            size = -n
-            buf = ctypes.create_string_buffer(size)
+            size, buf = -n, ctypes.create_string_buffer(-n)
             n = lc.llama_detokenize(self._vocab, arr, len(tokens), buf, size, False, special)
         return buf.raw[:n].decode("utf-8", errors="replace")
 

@@ -10,9 +10,10 @@ from localfab.engine.types import SamplingParams, outside_vocab, vocab_message
 from localfab.server.errors import ApiError
 
 
-def check_prompt(tokens: Sequence[int], n_vocab: int, n_ctx: int) -> None:
-    """A prompt's tokens are in the vocabulary and leave room in the window for a token."""
-    if outside_vocab(tokens, n_vocab) is not None:
+def check_prompt(tokens: Sequence[int], n_vocab: int, n_ctx: int, *, images: bool = False) -> None:
+    """A prompt's tokens are in the vocabulary (or, with `images`, an image's ids that a
+    request's image gave it) and leave room in the window for a token."""
+    if outside_vocab([t for t in tokens if t >= 0] if images else tokens, n_vocab) is not None:
         raise ApiError("Prompt contains invalid tokens")
     if tokens and len(tokens) >= n_ctx:
         raise ApiError.exceed_context(len(tokens), n_ctx)

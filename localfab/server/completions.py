@@ -29,6 +29,7 @@ from localfab.errors import UsageError
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Chat, Completions, Dialect, Reasoning
 from localfab.server.errors import ApiError, api_error
+from localfab.server.media import chat_media, image_pins, multimodal_prompt, with_images
 from localfab.server.params import Generation, number, parse_generation
 from localfab.server.plumbing import json_response, read_json
 from localfab.server.respond import MAX_RESULTS, Prompt, respond
@@ -67,7 +68,7 @@ def tokenize_prompt(engine: Engine, prompt: Any) -> list[int]:
 
     CPU work that grows with the prompt: call it from a thread."""
     if isinstance(prompt, dict) and prompt.get("multimodal_data"):
-        raise ApiError("Multimodal data provided, but model does not support multimodal requests.")
+        return multimodal_prompt(engine, prompt)
     if isinstance(prompt, dict) and "prompt_string" in prompt:
         prompt = prompt["prompt_string"]
     if isinstance(prompt, str):
@@ -82,6 +83,8 @@ def tokenize_prompt(engine: Engine, prompt: Any) -> list[int]:
     for i, part in enumerate(prompt):
         if isinstance(part, str):
             tokens += engine.tokenize(part, add_special=i == 0, parse_special=True)
+        elif part < 0:  # never an image's id: it could name another request's image
+            raise ApiError("Prompt contains invalid tokens")
         else:
             tokens.append(part)
     return tokens
@@ -257,26 +260,6 @@ Window = Sequence[Mapping[str, Any]]
 _T = TypeVar("_T")
 
 
-# Content parts that carry media, and what each is called in llama-server's error.
-MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video"}
-MEDIA_PARTS["video_url"] = "video"
-
-
-def refuse_media(messages: list[Any]) -> None:
-    """llama-server's error for media in a chat with a model that has no projector: a 500
-    that names the kind and the missing mmproj."""
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        for part in content if isinstance(content, list) else ():
-            kind = MEDIA_PARTS.get(str(part.get("type"))) if isinstance(part, dict) else None
-            if kind:
-                raise ApiError(
-                    f"{kind} input is not supported - hint: if this is unexpected, "
-                    "you may need to provide the mmproj",
-                    "server_error",
-                )
-
-
 def chat_messages(
     server: Server, body: Mapping[str, Any], tools: ToolRequest | None = None
 ) -> tuple[Messages, Callable[[Window], str], Callable[[Window], list[int]]]:
@@ -291,11 +274,12 @@ def chat_messages(
         raise ApiError("'messages' is required")
     if not isinstance(body["messages"], list):
         raise ApiError("Expected 'messages' to be an array")
-    refuse_media(body["messages"])
+    raw, images = chat_media(server, body["messages"])
     try:
-        messages: Messages = list(validate_messages(body["messages"]))
+        messages: Messages = list(validate_messages(raw))
     except UsageError as exc:
         raise api_error(exc) from exc
+    pins = image_pins(server, messages, images)
     add_generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
         raise ApiError("Field 'add_generation_prompt' must be a boolean")
@@ -330,7 +314,8 @@ def chat_messages(
 
         return run
 
-    return messages, templated(prompts.text), templated(prompts.tokens)
+    tokens = prompts.tokens if not pins else with_images(prompts.tokens, pins)
+    return messages, templated(prompts.text), templated(tokens)
 
 
 def _prefill_parts(raw: list[Any], messages: Messages) -> Messages:

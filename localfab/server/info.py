@@ -41,7 +41,7 @@ async def props(server: Server, request: Request) -> Response:
             "model_alias": info.name,
             "model_ftype": info.ftype,
             "model_path": info.path,
-            "modalities": {"vision": False, "video": False, "audio": False},
+            "modalities": {"vision": info.vision, "video": False, "audio": False},
             "media_marker": MEDIA_MARKER,
             "endpoint_slots": s.slots,
             "endpoint_props": False,
@@ -133,7 +133,7 @@ async def models(server: Server, request: Request) -> Response:
                     "type": "model",
                     "description": "",
                     "tags": [""],
-                    "capabilities": ["completion"],
+                    "capabilities": ["completion", "multimodal"] if info.vision else ["completion"],
                     "parameters": "",
                     "details": {
                         "parent_model": "",

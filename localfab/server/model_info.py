@@ -30,6 +30,7 @@ class ModelInfo:
     bos_token: str
     eos_token: str
     chat_template: str
+    vision: bool = False  # a projector is attached: prompts may hold images
 
 
 _VOCAB_TYPES = {"llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5, "plamo2": 6}
@@ -68,4 +69,5 @@ def model_info(model: LoadedModel, settings: ServerSettings) -> ModelInfo:
         bos_token=engine.token_text(engine.bos_token),
         eos_token=engine.token_text(engine.eos_token),
         chat_template=model.prompts.template.source,
+        vision=engine.projector is not None,
     )

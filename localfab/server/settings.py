@@ -62,6 +62,7 @@ class ServerSettings:
     # --reasoning-preserve / --no-reasoning-preserve: the template's preserve_reasoning (keep
     # earlier turns' reasoning in the prompt, where the template can); None: its default.
     reasoning_preserve: bool | None = None
+    media_path: Path | None = None  # --media-path: where file:// image URLs are read
     slot_save_path: Path | None = None  # --slot-save-path: where /slots/{id}?action=save writes
     max_body_bytes: int = 8 * MiB  # larger request bodies get 413 without being read
     read_timeout: float = 600.0  # -to: seconds to receive a request body before 408

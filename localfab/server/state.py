@@ -88,7 +88,7 @@ class Server:
 
     def check_prompt(self, tokens: list[int]) -> None:
         engine = self.model.engine
-        check_prompt(tokens, engine.n_vocab, engine.n_ctx)
+        check_prompt(tokens, engine.n_vocab, engine.n_ctx, images=engine.projector is not None)
 
     def check_bias(self, gen: Generation) -> None:
         check_bias(gen.sampling, self.model.engine.n_vocab)

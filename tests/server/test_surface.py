@@ -117,10 +117,10 @@ def test_prompt_as_token_ids_and_mixed_give_the_string_prompts_text(http: httpx.
     assert mixed["prompt"] == plain["prompt"]
     wrapped = complete(http, prompt={"prompt_string": PROMPT}, n_predict=8, **SAME)
     assert wrapped["content"] == plain["content"]
-    # An image for a model that reads none: llama-server's 400.
+    # An image for a model that reads none: llama-server's 500 (a runtime error there).
     image = {"prompt_string": PROMPT + " <__media__>", "multimodal_data": ["iVBORw0KGgo="]}
     r = http.post("/completion", json={"prompt": image, "n_predict": 2})
-    assert r.status_code == 400
+    assert r.status_code == 500
     assert "does not support multimodal requests" in r.json()["error"]["message"]
     # In a chat, llama-server's 500 that names the missing projector; audio likewise.
     for part, kind in (

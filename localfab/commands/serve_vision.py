@@ -1,0 +1,68 @@
+"""`localfab serve`'s vision flags, as llama-server's: a projector beside the model, and the
+folder that file:// image URLs may read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from localfab.errors import UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def vision_options(f: F) -> F:
+    """-mm/--mmproj, --mmproj-offload/--no-mmproj-offload and --media-path."""
+    f = click.option(
+        "--media-path",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Folder that file:// image URLs in requests may read (nothing outside it).",
+    )(f)
+    f = click.option(
+        "--mmproj-offload/--no-mmproj-offload",
+        default=True,
+        help="Run the vision projector on the GPU (where there is one).",
+    )(f)
+    return click.option(
+        "-mm",
+        "--mmproj",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="The model's vision projector (an mmproj GGUF): requests may then hold images.",
+    )(f)
+
+
+def media_folder(path: Path | None) -> Path | None:
+    """`--media-path`, which must be an existing folder (as llama-server)."""
+    if path is not None and not path.is_dir():
+        raise UsageError(f"--media-path {path} is not a folder")
+    return path
+
+
+def finish_load(loaded: Any, options: dict[str, Any]) -> None:
+    """The loaded model with --chat-template(-file) and --mmproj applied; closed when either
+    fails."""
+    from localfab.commands.thinking import use_template_file
+
+    try:
+        use_template_file(loaded, options["chat_template_file"], options["chat_template"])
+        if (note := attach_vision(loaded, options)) is not None:
+            loaded.notices.append(note)
+    except BaseException:
+        loaded.close()
+        raise
+
+
+def attach_vision(loaded: Any, options: dict[str, Any]) -> str | None:
+    """Attach --mmproj's projector to the loaded model; what to tell the user."""
+    path = options.get("mmproj")
+    if path is None:
+        return None
+    from localfab.engine.vision import attach_projector
+
+    projector = attach_projector(loaded.engine, path, use_gpu=options["mmproj_offload"])
+    return f"vision projector {path.name}: images in requests ({projector.marker} in prompts)"
