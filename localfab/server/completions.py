@@ -95,15 +95,22 @@ def text_tokenizer(engine: Engine) -> Callable[[str], list[int]]:
     return lambda text: engine.tokenize(text, add_special=False, parse_special=False)
 
 
+def generation(server: Server, fields: Mapping[str, Any]) -> Generation:
+    """A request's generation fields, with the model's tokenizer (logit_bias keys as text)
+    and its end-of-generation tokens (banned by ignore_eos)."""
+    engine = server.model.engine
+    return parse_generation(
+        fields, server.settings, tokenize=text_tokenizer(engine), eog=engine.eog_tokens()
+    )
+
+
 async def _completion(server: Server, request: Request, dialect_type: type[Dialect]) -> Response:
     body = await read_json(request, server.settings)
     engine = server.model.engine
 
     def prepare() -> tuple[Generation, list[Prompt]]:
         # Off the event loop: a JSON schema becomes a grammar, prompts become tokens.
-        gen = parse_generation(
-            body, server.settings, tokenize=text_tokenizer(engine), eog=engine.eog_tokens()
-        )
+        gen = generation(server, body)
         if "prompt" not in body:
             raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
         parts = split_prompts(body["prompt"])
@@ -138,9 +145,7 @@ async def chat_reply(server: Server, request: Request, body: dict[str, Any]) -> 
         # Tokenizing only reads the vocabulary, which the engine thread never changes.
         fields = chat_to_completion_fields(body, jinja=server.settings.jinja)
         tools = request_tools(fields)
-        gen = parse_generation(
-            fields, server.settings, tokenize=text_tokenizer(engine), eog=engine.eog_tokens()
-        )
+        gen = generation(server, fields)
         messages, _, prompt = chat_messages(server, fields, tools)
         window = ChatWindow(messages, prompt, n_ctx)
         if shift:  # without --context-shift a chat that does not fit is a 400, as llama-server

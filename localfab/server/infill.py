@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localfab.server.completions import text_tokenizer
+from localfab.server.completions import generation
 from localfab.server.dialects import Dialect
 from localfab.server.errors import ApiError
-from localfab.server.params import Generation, parse_generation
+from localfab.server.params import Generation
 from localfab.server.plumbing import read_json
 from localfab.server.respond import Prompt, respond
 
@@ -128,9 +128,7 @@ async def infill(server: Server, request: Request) -> Response:
 
     def prepare() -> tuple[Generation, list[int]]:
         extra = check_fields(body)
-        gen = parse_generation(
-            body, server.settings, tokenize=text_tokenizer(engine), eog=engine.eog_tokens()
-        )
+        gen = generation(server, body)
         return gen, infill_prompt(server, body, fim, extra)
 
     gen, tokens = await asyncio.to_thread(prepare)

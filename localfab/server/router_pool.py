@@ -75,7 +75,7 @@ class Pool:
         try:
             cost = await asyncio.to_thread(self.plan, model)
         except Exception as exc:  # a missing or broken file: this model cannot load, says why
-            return proc.cost_error(model, exc)
+            return proc.cost_error(exc)
         for device, free in cost.available.items():
             self.budget.setdefault(device, free)
         return cost

@@ -149,7 +149,7 @@ def failed(inst: Instance, exc: BaseException) -> None:
     inst.failure = str(exc) or type(exc).__name__
 
 
-def cost_error(model: RouterModel, exc: Exception) -> Cost:
+def cost_error(exc: Exception) -> Cost:
     """The cost of a model its plan could not be made for: it cannot be loaded, and says why."""
     return Cost({}, "", fits=False, why_not=str(exc) or type(exc).__name__)
 

@@ -215,3 +215,41 @@ def test_serve_with_mmproj_and_its_errors(
         assert done.returncode != 0
         errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
         assert errors and says in errors[-1], done.stderr
+
+
+def test_a_full_window_drops_the_turn_with_the_image_whole(
+    model_path: Path, projector: Path, media: Path
+) -> None:
+    """With --context-shift, a chat longer than the window leaves its oldest turns out: the
+    turn that holds the image leaves whole (its markers and ids with it), nothing half."""
+    from localfab.engine import EngineSettings
+    from localfab.engine.vision import attach_projector
+    from localfab.runtime import load_model
+    from localfab.server import ServerSettings
+
+    loaded = load_model(model_path, EngineSettings(n_ctx=256, n_batch=256))
+    attach_projector(loaded.engine, projector, use_gpu=False)
+    settings = ServerSettings(context_shift=True, temperature=0.0)
+    image = {"type": "image_url", "image_url": {"url": data_url(NOISE)}}
+    long = "The lighthouse keeper climbed the spiral stairs to light the lamp. " * 8
+    chat = [
+        {"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]},
+        {"role": "assistant", "content": long},
+        {"role": "user", "content": long + " Why?"},
+    ]
+    for url in serve_in_process(loaded, settings):
+        whole = httpx.post(url + "/apply-template", json={"messages": chat}).json()["prompt"]
+        assert "<__media__>" in whole
+        r = httpx.post(
+            url + "/v1/chat/completions", json={"messages": chat, "max_tokens": 4}, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        # Only the last turn was kept: the image's turn (markers, ids and text) left whole.
+        assert r.json()["usage"]["prompt_tokens"] < 256
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": chat[:1], "max_tokens": 4},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > MMPROJ.IMAGE_TOKENS
