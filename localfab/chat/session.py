@@ -17,7 +17,7 @@ reply (pieces, continuation, a shift mid-reply) in `replies`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from localfab.chat.fitting import (
     reply_room,
 )
 from localfab.chat.history import History, StoredMessage
+from localfab.chat.images import NOT_PLACED, count_images, image_message
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.replies import FLUSH_SECONDS, ReplyStreaming
 from localfab.chat.tools import ToolPlan, ToolRequest
@@ -114,9 +115,11 @@ class ChatSession(ReplyStreaming):
         self,
         text: str,
         options: GenerationOptions = NO_OPTIONS,
+        images: Sequence[bytes] = (),
     ) -> Iterator[ChatEvent]:
-        """Add a user message and stream the reply (TokenEvents, Shifted, Continued, Reply)."""
-        return self._turn(text, options=options)
+        """Add a user message and stream the reply (TokenEvents, Shifted, Continued, Reply);
+        `images` (for a model with a vision projector) come before the text."""
+        return self._turn(text, options=options, images=images)
 
     def _turn(
         self,
@@ -125,19 +128,28 @@ class ChatSession(ReplyStreaming):
         options: GenerationOptions,
         sibling_of: int | None = None,
         restore: Callable[[], None] | None = None,
+        images: Sequence[bytes] = (),
     ) -> Iterator[ChatEvent]:
         """A user message (a new version of stored message `sibling_of`, if given) and its reply.
 
         `restore` puts the conversation back as it was when the message does not fit.
         """
-        self.messages.append({"role": "user", "content": text})
-        last_user = len(self.messages) - 1
+        last_user = len(self.messages)
+        content = text
+        if images:  # the images' tokens pinned in their markers' places (`chat.images`)
+            content, pinned = image_message(text, images, self.engine, self._plain)
+            self._pins[last_user] = (content, tuple(pinned))
+        self.messages.append({"role": "user", "content": content})
         reserve = reply_room(self.n_ctx, options.max_tokens, self.reply_reserve)
         start, tokens, dropped, n_before = self._fit(last_user, reserve)
-        if len(tokens) >= self.n_ctx - 1:
+        placed = not images or count_images(tokens) >= len(images)
+        if len(tokens) >= self.n_ctx - 1 or not placed:
             self.messages.pop()
+            self._pins.pop(last_user, None)
             if restore is not None:
                 restore()
+            if not placed:
+                raise UsageError(NOT_PLACED)
             raise ContextOverflow(
                 len(tokens),
                 self.n_ctx,
@@ -175,6 +187,9 @@ class ChatSession(ReplyStreaming):
             last_user=last_user,
             sibling_of=sibling_of,
         )
+
+    def _plain(self, text: str) -> list[int]:
+        return list(self.prompts.engine.tokenize(text, add_special=False, parse_special=False))
 
     # --- tools -------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -13,6 +14,7 @@ import click
 from localfab.commands.run_cache import keep_prompt
 from localfab.commands.run_remote import REMOTE_FLAGS, open_for_run, remote_options
 from localfab.commands.run_tools import load_tools, reply_calls, tools_options, use_tools
+from localfab.commands.serve_vision import run_images
 from localfab.commands.spec_flags import gather, spec_options
 from localfab.commands.thinking import (
     ThoughtStream,
@@ -157,6 +159,15 @@ def read_prompt(words: tuple[str, ...]) -> str:
 @spec_options
 @gather("tool_flags", ("tools_file", "tool_choice"))
 @remote_options
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="An image for a vision model, before the prompt (repeatable; needs --mmproj).",
+)
+@click.option("-mm", "--mmproj", type=click.Path(path_type=Path), help="The model's projector.")
+@gather("vision_flags", ("images", "mmproj"))
 @gather("load_flags", LOAD_FLAGS + REMOTE_FLAGS)
 @gather("sampling_flags", SAMPLING_FLAGS)
 @gather("think_flags", THINK_FLAGS)
@@ -177,6 +188,7 @@ def run(
     load_flags: dict[str, Any],
     spec_flags: dict[str, Any],
     think_flags: dict[str, Any],
+    vision_flags: dict[str, Any],
 ) -> None:
     """Answer PROMPT with MODEL (a .gguf path or a registered name), streaming to stdout.
 
@@ -193,12 +205,11 @@ def run(
     _check_limits(max_tokens, load_flags["ctx_size"], max_continues)
     tools = load_tools(**tool_flags, raw=raw)
     text = read_prompt(prompt)
-
     config = Config.load(paths := default_paths())
     flags = (prompt_cache, think_flags, load_flags, spec_flags)
     loaded, choice, speculative = open_for_run(model, paths, config, verbose, *flags)
+    images = run_images(loaded, vision_flags, raw=raw)
     no_ledger = no_ledger or choice is None  # the ledger records this machine's work only
-
     # An explicit -n is a hard cap (llama.cpp); only the configured limit goes on by itself.
     continues = _pick(max_continues, config.max_continues if max_tokens is None else 0)
     options = _options(config, max_tokens, stop, sampling_flags, think_flags)
@@ -206,7 +217,7 @@ def run(
     session = ChatSession(
         loaded.engine, loaded.prompts, system=None if raw else system, max_continues=continues
     )
-    tokens, events = _start(session, loaded.prompts, text, options, raw, system)
+    tokens, events = _start(session, loaded.prompts, text, options, raw, system, images)
     writer, ledger, recorder = _recorder(config, paths, model, choice, no_ledger)
     events = recorder.wrap(events, prompt_tokens=len(tokens))
     reply = _stream(events, as_json, verbose, hide=think_flags["hide_thinking"])
@@ -248,6 +259,7 @@ def _start(
     options: GenerationOptions,
     raw: bool,
     system: str | None,
+    images: list[bytes],
 ) -> tuple[list[int], Iterator[ChatEvent]]:
     """The prompt's tokens and the reply's events: a chat turn (a thinking template's reply
     split into thought and answer), or with --raw the text (after the system prompt, if any)
@@ -255,8 +267,18 @@ def _start(
     if raw:
         tokens = prompts.raw(text if system is None else f"{system}\n\n{text}")
         return tokens, session.complete(tokens, options)
-    tokens = prompts.tokens(session.window() + [{"role": "user", "content": text}])
-    return tokens, session.send(text, options)
+    from localfab.chat.images import image_message
+
+    window = session.window()
+    content, pinned = (text, []) if not images else image_message(text, images, *_plain(prompts))
+    turn = {"role": "user", "content": content}
+    tokens = prompts.tokens([*window, turn], pinned={len(window): pinned} if images else None)
+    return tokens, session.send(text, options, images=images)
+
+
+def _plain(prompts: PromptBuilder) -> tuple[Any, Callable[[str], list[int]]]:
+    engine = prompts.engine
+    return engine, lambda text: engine.tokenize(text, add_special=False, parse_special=False)
 
 
 def _sampling(config: Config, flags: dict[str, Any]) -> SamplingParams:

@@ -66,3 +66,27 @@ def attach_vision(loaded: Any, options: dict[str, Any]) -> str | None:
 
     projector = attach_projector(loaded.engine, path, use_gpu=options["mmproj_offload"])
     return f"vision projector {path.name}: images in requests ({projector.marker} in prompts)"
+
+
+def run_images(loaded: Any, flags: dict[str, Any], *, raw: bool) -> list[bytes]:
+    """`run --image FILE ... --mmproj FILE`: the projector attached to the loaded model, and
+    the images' bytes (UsageError, in one line, for what cannot be used)."""
+    paths, projector = flags["images"], flags["mmproj"]
+    if projector is None:
+        if paths:
+            raise UsageError("--image needs the model's vision projector: add --mmproj FILE")
+        return []
+    if raw and paths:
+        raise UsageError("--raw sends text only: leave out --raw to send images")
+    if not hasattr(loaded.engine, "model"):
+        raise UsageError("--mmproj is for a model loaded here, not for --remote")
+    from localfab.engine.vision import attach_projector
+
+    attach_projector(loaded.engine, projector)
+    images = []
+    for path in paths:
+        try:
+            images.append(Path(path).read_bytes())
+        except OSError as exc:
+            raise UsageError(f"cannot read the image {path}: {exc.strerror or exc}") from exc
+    return images

@@ -48,6 +48,7 @@ MAX_PIXELS = 1 << 26  # 8192 x 8192
 # Prepared images kept for evaluation, the oldest freed first (each holds its resized pixels).
 KEPT_IMAGES = 32
 FORMATS = "PNG, JPEG, GIF or BMP"
+NO_PROGRAMS = b"/nonexistent/localfab-runs-no-video-decoder"
 
 
 def image_size(data: bytes) -> tuple[str, int, int]:
@@ -150,7 +151,11 @@ class Projector:
         LocalfabError, in one line, for what is not an image, a corrupt one, or one too big."""
         fmt, _, _ = image_size(data)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self._mctx, buf, len(data), False)
+        # An image stb_image cannot decode would go on to ffmpeg's video reader: never (a
+        # folder that does not exist as ffmpeg's, so no program runs on what a client sent).
+        opt = mtmd.mtmd_helper_init_opt_default()
+        opt.video_params.ffmpeg_bin_dir = NO_PROGRAMS
+        bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self._mctx, buf, len(data), False, opt)
         if not bitmap:
             raise LocalfabError(f"the {fmt} image could not be decoded: corrupt or cut short")
         chunks = mtmd.mtmd_input_chunks_init()
