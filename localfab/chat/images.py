@@ -4,7 +4,8 @@ The message's text gets the projector's media marker once per image, each on a l
 own before the text (as llama.cpp's mtmd tools put an image they are given before the prompt);
 its tokens, pinned where the chat template places that text, hold each image's tokens in its
 marker's place. A template that does not place a message's text as it is cannot place images:
-`check_placed` says so instead of sending a prompt without them.
+the caller checks the prompt (`count_images`) and says so (`NOT_PLACED`) instead of sending a
+prompt without them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def image_message(
     text: str, images: Sequence[bytes], engine: Any, tokenize: Callable[[str], list[int]]
 ) -> tuple[str, list[int]]:
     """The message's content (markers, then `text`) and its tokens (each image's, then the
-    text's as plain text). UsageError when the model reads no images or one is bad."""
+    text's as plain text). A LocalfabError, in one line, when the model reads no images or
+    one is bad."""
     projector = getattr(engine, "projector", None)
     if projector is None:
         raise UsageError("this model reads no images: give its vision projector (--mmproj FILE)")

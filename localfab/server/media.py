@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localfab.engine.image_ids import index_in_image
+from localfab.chat.images import NOT_PLACED, count_images
 from localfab.errors import LocalfabError
 from localfab.server.errors import ApiError
 
@@ -160,10 +160,6 @@ def pinned_images(
     return pins
 
 
-def count_images(tokens: Sequence[int]) -> int:
-    return sum(t < 0 and index_in_image(t) == 0 for t in tokens)
-
-
 # --- a chat's images, as the chat path uses them ---------------------------------------------
 
 
@@ -217,10 +213,7 @@ def with_images(tokens_of: Callable[..., list[int]], pins: Pins) -> Callable[...
         out = tokens_of(window, pinned=pinned, **options)
         want = sum(pins.count.get(id(m), 0) for m in window)
         if count_images(out) != want:
-            raise ApiError(
-                "this model's chat template does not place a message's text as it is, so the "
-                "images cannot be placed in it"
-            )
+            raise ApiError(NOT_PLACED)
         return out
 
     return tokens

@@ -166,9 +166,13 @@ class SlotRunner:
             job.placed[0] = slot.id
             try:
                 self._start(job, slot, leader)
-                self._cache_idle(slot)
             except LocalfabError as exc:
                 self._fail(job, exc)
+                continue
+            try:
+                self._cache_idle(slot)
+            except LocalfabError as exc:  # the job runs on; the idle prompts stay where they are
+                log.warning("prompt cache: could not keep the idle slots' prompts (%s)", exc)
 
     def _slot_for(self, job: Job) -> tuple[Slot | None, Slot | None]:
         """The idle slot for a job (None: the one it asked for is busy), and the slot whose
