@@ -299,7 +299,8 @@ def chat_messages(
         raise ApiError("Field 'chat_template_kwargs' must be an object")
     variables = server.settings.template_variables(asked)
     if tools is not None:
-        messages = tool_messages(prompts.template, messages, tools)
+        before, messages = messages, tool_messages(prompts.template, messages, tools)
+        pins.follow(before, messages)
         variables["tools"] = [dict(t) for t in tools.tools]
 
     def templated(apply: Callable[..., _T]) -> Callable[[Window], _T]:

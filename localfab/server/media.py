@@ -170,9 +170,28 @@ class Pins:
     def __init__(self) -> None:
         self.tokens: dict[int, list[int]] = {}
         self.count: dict[int, int] = {}
+        self.lost = 0  # images whose message could not be followed (`follow`)
 
     def __bool__(self) -> bool:
-        return bool(self.tokens)
+        return bool(self.tokens) or bool(self.lost)
+
+    def follow(
+        self, before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """The messages were copied (`tool_messages`; a system message may have been put
+        first): the pins go to the copies, matched from the end, where their text is the
+        same (a system message given the tools' description loses its pin, and the request
+        is then refused for images it cannot place, never sent without them)."""
+        shift = len(after) - len(before)
+        for i, message in enumerate(before):
+            if id(message) not in self.tokens:
+                continue
+            tokens, count = self.tokens.pop(id(message)), self.count.pop(id(message))
+            copy = after[i + shift] if 0 <= i + shift < len(after) else None
+            if copy is not None and copy.get("content") == message.get("content"):
+                self.tokens[id(copy)], self.count[id(copy)] = tokens, count
+            else:
+                self.lost += count
 
 
 def chat_media(server: Any, messages: Any) -> tuple[Any, dict[int, list[list[int]]]]:
@@ -212,7 +231,7 @@ def with_images(tokens_of: Callable[..., list[int]], pins: Pins) -> Callable[...
         pinned = {i: pins.tokens[id(m)] for i, m in enumerate(window) if id(m) in pins.tokens}
         out = tokens_of(window, pinned=pinned, **options)
         want = sum(pins.count.get(id(m), 0) for m in window)
-        if count_images(out) != want:
+        if pins.lost or count_images(out) != want:
             raise ApiError(NOT_PLACED)
         return out
 

@@ -253,3 +253,17 @@ def test_a_full_window_drops_the_turn_with_the_image_whole(
         )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] > MMPROJ.IMAGE_TOKENS
+
+
+def test_an_image_with_tools_keeps_its_place(server: Any) -> None:
+    """A request with tools copies the messages (the tools may be described in the system
+    message): the image still reaches the prompt."""
+    url, _ = server
+    tool = {"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}
+    text = "Describe it, or call look."
+    seen = ask(url, data_url(BLUE), text, tools=[tool])
+    assert seen.status_code == 200, seen.text
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 1, "tools": [tool]}
+    blind = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+    extra = seen.json()["usage"]["prompt_tokens"] - blind["usage"]["prompt_tokens"]
+    assert extra >= MMPROJ.IMAGE_TOKENS
