@@ -133,6 +133,9 @@ class Projector:
         self.marker = (mtmd.mtmd_default_marker() or b"<__media__>").decode()
         # first image id of a run -> the prepared image (an mtmd chunk this object owns)
         self._images: OrderedDict[int, Any] = OrderedDict()
+        # an image's content hash -> its tokens, while its prepared image is kept: a chat
+        # sends its images again every turn, and they are not decoded and resized again
+        self._tokens: dict[str, list[int]] = {}
         self.n_encoded = 0  # images the projector encoded (each reuse of one saves one)
 
     def close(self) -> None:
@@ -140,6 +143,7 @@ class Projector:
         for chunk in self._images.values():
             mtmd.mtmd_input_chunk_free(chunk)
         self._images.clear()
+        self._tokens.clear()
         if self._mctx:
             mtmd.mtmd_free(self._mctx)
             self._mctx = None
@@ -150,6 +154,11 @@ class Projector:
         """The tokens an image takes in a prompt: the model's markers around its image ids.
         LocalfabError, in one line, for what is not an image, a corrupt one, or one too big."""
         fmt, _, _ = image_size(data)
+        digest = hashlib.sha256(data).hexdigest()
+        known = self._tokens.get(digest)
+        if known is not None and known[self._first(known)] in self._images:
+            self._images.move_to_end(known[self._first(known)])
+            return list(known)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         # An image stb_image cannot decode would go on to ffmpeg's video reader: never (a
         # folder that does not exist as ffmpeg's, so no program runs on what a client sent).
@@ -168,13 +177,19 @@ class Projector:
                 raise LocalfabError(f"the projector could not prepare the {fmt} image ({rc})")
             out: list[int] = []
             for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                out += self._tokens_of(mtmd.mtmd_input_chunks_get(chunks, i), data)
-            return out
+                out += self._tokens_of(mtmd.mtmd_input_chunks_get(chunks, i), digest)
+            self._tokens[digest] = out
+            return list(out)
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
             mtmd.mtmd_bitmap_free(bitmap)
 
-    def _tokens_of(self, chunk: Any, data: bytes) -> list[int]:
+    @staticmethod
+    def _first(tokens: list[int]) -> int:
+        """Where the image's ids start among its tokens (after the model's marker)."""
+        return next(i for i, t in enumerate(tokens) if t < 0)
+
+    def _tokens_of(self, chunk: Any, data_digest: str) -> list[int]:
         if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
             count = ctypes.c_size_t()
             tokens = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
@@ -192,8 +207,7 @@ class Projector:
                 f"an image takes {n} tokens with this projector, more than the micro-batch "
                 f"(-ub {self.n_ubatch}): start with -ub {n} or more"
             )
-        digest = (mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode()
-        ids = run_ids(digest or hashlib.sha256(data).hexdigest(), n)
+        ids = run_ids((mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode() or data_digest, n)
         self._keep(ids[0], chunk)
         return ids
 
@@ -204,6 +218,9 @@ class Projector:
         self._images[first] = mtmd.mtmd_input_chunk_copy(chunk)
         while len(self._images) > KEPT_IMAGES:
             mtmd.mtmd_input_chunk_free(self._images.popitem(last=False)[1])
+        if len(self._tokens) > 2 * KEPT_IMAGES:  # hashes of images no longer kept
+            held = set(self._images)
+            self._tokens = {d: t for d, t in self._tokens.items() if t[self._first(t)] in held}
 
     # --- evaluation ----------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ multimodal_data, on the test model with the synthetic projector (scripts/mmproj_
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,7 +175,10 @@ def test_a_client_cannot_name_an_image_by_its_ids(server: Any) -> None:
     reach another request's image (the projector keeps recent images by their ids)."""
     url, projector = server
     assert ask(url, data_url(NOISE)).status_code == 200
-    held = next(iter(projector._images))  # an id the projector holds now
+    from localfab.engine.image_ids import run_ids
+
+    # The first id of the image just sent: mtmd names an image by its bytes' SHA-256.
+    held = run_ids(hashlib.sha256(NOISE).hexdigest(), MMPROJ.IMAGE_TOKENS)[0]
     r = httpx.post(url + "/completion", json={"prompt": [2, held, 5], "n_predict": 2}, timeout=60)
     assert r.status_code == 400 and "invalid tokens" in r.json()["error"]["message"]
 
