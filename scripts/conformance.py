@@ -82,6 +82,7 @@ CI_FILES = (
     "test_security.py",
     "test_sleep.py",
     "test_slot_save.py",
+    "test_stream.py",
     "test_template.py",
     "test_tokenize.py",
     "test_compat_gcp.py",

@@ -44,12 +44,22 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from localfab.errors import LocalfabError
-from localfab.server import anthropic, completions, gcp, infill, info, responses, slot_files
+from localfab.server import (
+    anthropic,
+    completions,
+    gcp,
+    infill,
+    info,
+    responses,
+    slot_files,
+    streams,
+)
 from localfab.server.gate import Gate
 from localfab.server.model_info import model_info
 from localfab.server.plumbing import not_found, wrap
 from localfab.server.settings import ServerSettings
 from localfab.server.state import Server
+from localfab.server.streams import detaching
 from localfab.server.worker import EngineWorker
 
 if TYPE_CHECKING:
@@ -72,20 +82,20 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/props", "POST", info.props_post),
     ("/models", "GET", info.models),
     ("/v1/models", "GET", info.models),
-    ("/completion", "POST", completions.completion),
-    ("/completions", "POST", completions.completion),
-    ("/v1/completions", "POST", completions.completions_oai),
-    ("/chat/completions", "POST", completions.chat_completions),
-    ("/v1/chat/completions", "POST", completions.chat_completions),
-    ("/v1/messages", "POST", anthropic.messages),
+    ("/completion", "POST", detaching(completions.completion)),
+    ("/completions", "POST", detaching(completions.completion)),
+    ("/v1/completions", "POST", detaching(completions.completions_oai)),
+    ("/chat/completions", "POST", detaching(completions.chat_completions)),
+    ("/v1/chat/completions", "POST", detaching(completions.chat_completions)),
+    ("/v1/messages", "POST", detaching(anthropic.messages)),
     ("/v1/messages/count_tokens", "POST", anthropic.count_tokens),
-    ("/v1/responses", "POST", responses.responses),
+    ("/v1/responses", "POST", detaching(responses.responses)),
     ("/v1/responses/input_tokens", "POST", responses.input_tokens),
-    ("/responses", "POST", responses.responses),
+    ("/responses", "POST", detaching(responses.responses)),
     ("/responses/input_tokens", "POST", responses.input_tokens),
     ("/chat/completions/input_tokens", "POST", completions.chat_input_tokens),
     ("/v1/chat/completions/input_tokens", "POST", completions.chat_input_tokens),
-    ("/infill", "POST", infill.infill),
+    ("/infill", "POST", detaching(infill.infill)),
     ("/apply-template", "POST", completions.apply_template),
     ("/tokenize", "POST", info.tokenize),
     ("/detokenize", "POST", info.detokenize),
@@ -95,6 +105,9 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/embeddings", "POST", info.embeddings),
     ("/v1/embeddings", "POST", info.embeddings),
     ("/rerank", "POST", info.rerank),
+    ("/v1/stream", "GET", streams.stream_get),
+    ("/v1/stream", "DELETE", streams.stream_delete),
+    ("/v1/streams/lookup", "POST", streams.streams_lookup),
     ("/reranking", "POST", info.rerank),
     ("/v1/rerank", "POST", info.rerank),
     ("/v1/reranking", "POST", info.rerank),
@@ -141,6 +154,7 @@ def create_app(
         try:
             yield
         finally:
+            server.streams.close()
             worker.stop()
             if ledger is not None:
                 ledger.close()

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localfab.engine.types import Done, TokenProbs
-from localfab.server import shapes
+from localfab.server import shapes, streams
 from localfab.server.chat_window import ChatWindow
 from localfab.server.dialects import Dialect
 from localfab.server.errors import ApiError
@@ -125,7 +125,8 @@ async def respond(
     batch = _Batch(server, results)
     for res in results:
         server.worker.submit(res.job)
-    batch.watcher = asyncio.create_task(watch_disconnect(request, batch.on_disconnect))
+    if not (gen.stream and streams.conv_id(request)):  # else the reply outlives its client
+        batch.watcher = asyncio.create_task(watch_disconnect(request, batch.on_disconnect))
     try:
         first = await results[0].channel.get()
     except BaseException:

@@ -25,13 +25,16 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from localfab.server import router_streams
 from localfab.server.errors import ApiError, dumps
 from localfab.server.gate import Gate
 from localfab.server.keys import KeyCheck
 from localfab.server.plumbing import json_response, not_found, read_json, wrap
 from localfab.server.router_models import RouterModel
 from localfab.server.router_pool import Instance, Pool
+from localfab.server.router_streams import ConvModels
 from localfab.server.settings import ServerSettings
+from localfab.server.streams import conv_id
 
 log = logging.getLogger("localfab.server")
 
@@ -77,6 +80,7 @@ class Router:
         self.settings = settings
         self.autoload = autoload
         self.key_ok = KeyCheck(settings.api_keys)
+        self.convs = ConvModels()  # which model serves each resumable stream
         self.worker = _Awake()
         self.info = True  # the Gate's "model loaded" check: a router answers at once
         # Loopback only: no proxy from the environment; as many connections as the router takes.
@@ -101,14 +105,22 @@ class Router:
                 return model.id
         raise ApiError(f"model '{name}' not found")
 
-    async def ready(self, name: str, autoload: bool, request: Request) -> tuple[Instance, str]:
+    async def ready(
+        self, name: str, autoload: bool, request: Request, gone: Callable[[], bool] | None = None
+    ) -> tuple[Instance, str]:
+        """The model's server once loaded; the wait ends when `gone` says (by default, when
+        the client disconnects)."""
         if not autoload and self.pool.status(name) not in ("loading", "loaded"):
             raise ApiError("model is not loaded")
-        disconnected = _watch(request)
+        disconnected = None
+        if gone is None:
+            disconnected = _watch(request)
+            gone = disconnected.is_set
         try:
-            inst, note = await self.pool.ensure_ready(name, disconnected.is_set)
+            inst, note = await self.pool.ensure_ready(name, gone)
         finally:
-            disconnected.cancel()
+            if disconnected is not None:
+                disconnected.cancel()
         if inst.status != "loaded":
             raise ApiError(f"model name={name} is not running")
         return inst, note
@@ -221,7 +233,11 @@ def _flag(value: str | None, default: bool) -> bool:
 async def proxy_post(router: Router, request: Request) -> Response:
     body = await read_json(request, router.settings)  # within the size and time limits
     name = router.canonical(body.get("model"))
-    inst, note = await router.ready(name, router.autoload, request)
+    conv = conv_id(request)
+    if conv:
+        inst, note = await router_streams.ready_for(router, name, conv, request)
+    else:
+        inst, note = await router.ready(name, router.autoload, request)
     return await router.forward(request, inst, dumps(body), note)
 
 
@@ -313,6 +329,9 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/v1/models", "GET", models),
     ("/models/load", "POST", load),
     ("/models/unload", "POST", unload),
+    ("/v1/stream", "GET", router_streams.stream_get),
+    ("/v1/stream", "DELETE", router_streams.stream_delete),
+    ("/v1/streams/lookup", "POST", router_streams.streams_lookup),
     *(("/" + p.lstrip("/"), "GET", proxy_get) for p in GET_PATHS if p != "/props"),
     *((p, "POST", proxy_post) for p in POST_PATHS),
 )

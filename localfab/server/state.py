@@ -15,6 +15,7 @@ from localfab.server.model_info import ModelInfo
 from localfab.server.params import Generation
 from localfab.server.plumbing import read_json
 from localfab.server.settings import ServerSettings
+from localfab.server.streams import Sessions
 
 if TYPE_CHECKING:
     from localfab.runtime import LoadedModel
@@ -36,6 +37,7 @@ class Server:
         self.caps: dict[str, Any] = {}
         self.n_ctx_slot = 0
         self.speculative = False
+        self.streams = Sessions()  # resumable streams (X-Conversation-Id)
         self._prompts: dict[int, tuple[tuple[int, ...], str]] = {}  # slot: its prompt's text
 
     def remember(self, model: LoadedModel) -> None:

@@ -1,0 +1,150 @@
+"""Resumable streams (X-Conversation-Id, /v1/stream) on the real model: the reply goes on when
+its client drops and is read back from any offset; the Stop cancels it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from localfab.server import ServerSettings
+from tests.serverproc import serve_in_process
+
+pytestmark = pytest.mark.model
+
+CONV = "conv-1::org/model:Q4"  # a model name with a slash, as llama-server's web UI makes them
+
+
+@pytest.fixture(scope="module")
+def url(model_path: Path) -> Iterator[str]:
+    from localfab.engine import EngineSettings
+    from localfab.runtime import load_model
+
+    loaded = load_model(model_path, EngineSettings(n_ctx=2048, n_seq_max=2, kv_unified=True))
+    yield from serve_in_process(loaded, ServerSettings(n_parallel=2))
+
+
+def chat(url: str, conv: str, max_tokens: int = 24, **extra: object) -> str:
+    """A streamed chat under `conv`, read whole; the SSE text."""
+    body = {
+        "messages": [{"role": "user", "content": "Count from one to twenty."}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        **extra,
+    }
+    with httpx.stream(
+        "POST", url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": conv}
+    ) as answer:
+        assert answer.status_code == 200
+        return "".join(answer.iter_text())
+
+
+def replay(url: str, conv: str, start: int = 0) -> httpx.Response:
+    return httpx.get(url + "/v1/stream", params={"conv_id": conv, "from": start}, timeout=60)
+
+
+def content(sse: str) -> str:
+    text = ""
+    for line in sse.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                text += choice["delta"].get("content") or ""
+    return text
+
+
+def test_a_finished_stream_replays_from_any_offset_and_the_stop_forgets_it(url: str) -> None:
+    sse = chat(url, CONV)
+    assert sse.endswith("data: [DONE]\n\n") and content(sse)
+    whole = replay(url, CONV)
+    assert whole.status_code == 200 and whole.text == sse
+    assert whole.headers["content-type"].startswith("text/event-stream")
+    assert replay(url, CONV, 10).text == sse.encode()[10:].decode()
+    found = httpx.post(url + "/v1/streams/lookup", json={"conversation_ids": ["conv-1", "x"]})
+    [entry] = found.json()
+    assert entry["conversation_id"] == CONV and entry["is_done"] is True
+    assert entry["total_bytes"] == len(sse.encode()) and entry["completed_at"] > 0
+    assert httpx.delete(url + "/v1/stream", params={"conv_id": CONV}).status_code == 204
+    gone = replay(url, CONV)
+    assert gone.status_code == 404 and gone.json()["error"]["type"] == "not_found_error"
+    # A Stop of what is not there is a 204 too; bad parameters are 400s.
+    assert httpx.delete(url + "/v1/stream", params={"conv_id": CONV}).status_code == 204
+    assert httpx.get(url + "/v1/stream").status_code == 400
+    chat(url, CONV, max_tokens=2)
+    assert replay(url, CONV, -1).json()["error"]["message"] == "Invalid 'from' offset"
+
+
+def test_the_reply_goes_on_when_its_client_drops_and_is_read_back_whole(url: str) -> None:
+    conv = "conv-dropped"
+    parts = urlsplit(url)
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": "Count from one to twenty."}],
+            "max_tokens": 48,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    )
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        f"Content-Type: application/json\r\nX-Conversation-Id: {conv}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+    )
+    with socket.create_connection((parts.hostname, parts.port)) as sock:
+        sock.sendall(request.encode())
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")  # the stream began; then the drop
+    whole = replay(url, conv)  # waits for the rest of the reply
+    assert whole.status_code == 200 and whole.text.endswith("data: [DONE]\n\n")
+    last = [line for line in whole.text.splitlines() if line.startswith("data: {")][-1]
+    assert json.loads(last[6:])["timings"]["predicted_n"] == 48  # none lost to the drop
+
+
+def test_the_stop_cancels_a_running_reply_and_a_new_request_replaces_it(url: str) -> None:
+    conv = "conv-stopped"
+    body = {
+        "messages": [{"role": "user", "content": "Count from one to a thousand."}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    t0 = time.monotonic()
+    with httpx.stream(
+        "POST", url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": conv}
+    ) as answer:
+        lines = answer.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert httpx.delete(url + "/v1/stream", params={"conv_id": conv}).status_code == 204
+        rest = list(lines)  # the stream ends at the Stop, not after 1500 tokens
+    assert not any("[DONE]" in line for line in rest)
+    assert time.monotonic() - t0 < 30
+    slots = httpx.get(url + "/slots").json()
+    assert not any(slot["is_processing"] for slot in slots)  # the reply itself was cancelled
+    # A second request under the same id cancels the first one's reply.
+    with httpx.stream(
+        "POST", url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": conv}
+    ) as first:
+        lines = first.iter_lines()
+        next(lines)
+        sse = chat(url, conv, max_tokens=3)
+        assert content(sse) and not any("[DONE]" in line for line in lines)
+    assert replay(url, conv).text == sse
+
+
+def test_a_request_without_the_header_still_ends_with_its_client(url: str) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "Count."}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body) as answer:
+        next(answer.iter_lines())
+    deadline = time.monotonic() + 20
+    while any(slot["is_processing"] for slot in httpx.get(url + "/slots").json()):
+        assert time.monotonic() < deadline, "the reply went on without its client"
+        time.sleep(0.1)
