@@ -12,16 +12,23 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from localfab.server.dialects import Chat
 from localfab.server.errors import ApiError
 from localfab.server.plumbing import EventStream, json_response, read_json
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from starlette.requests import Request
     from starlette.responses import Response
 
+    from localfab.engine.types import Done
+    from localfab.server.dialects import Probs
+    from localfab.server.shapes import ResultMeta
     from localfab.server.state import Server
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+STOP_WORD = "stopping_word"  # the chat answer's field for it (see StopWordChat)
 # Anthropic's sampling fields that the chat path takes under the same name.
 SAME_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "stream")
 
@@ -206,7 +213,7 @@ def to_message(chat: dict[str, Any], model: str) -> dict[str, Any]:
         "model": model,
         "content": content,
         "stop_reason": STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn"),
-        "stop_sequence": None,
+        "stop_sequence": chat.get(STOP_WORD) or None,
         "usage": usage,
     }
 
@@ -237,6 +244,23 @@ def _message_id(chat: dict[str, Any]) -> str:
     return "msg_" + (given.removeprefix("chatcmpl-") or secrets.token_hex(12))
 
 
+class StopWordChat(Chat):
+    """The chat answer with the stop string that ended the reply (Anthropic's `stop_sequence`,
+    which an OpenAI answer does not carry)."""
+
+    def stream_end(
+        self, reply: ResultMeta, done: Done, tokens: Sequence[int]
+    ) -> list[dict[str, Any]]:
+        chunks = super().stream_end(reply, done, tokens)
+        chunks[0][STOP_WORD] = done.stopping_word
+        return chunks
+
+    def final(
+        self, reply: ResultMeta, done: Done, tokens: Sequence[int], probs: Probs
+    ) -> dict[str, Any]:
+        return {**super().final(reply, done, tokens, probs), STOP_WORD: done.stopping_word}
+
+
 def event(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
 
@@ -249,6 +273,7 @@ class MessageStream:
         self.index = -1
         self.open: str | None = None  # "text", "thinking" or "tool:N" (the call's index)
         self.stop_reason = "end_turn"
+        self.stop_sequence: str | None = None
         self.input_tokens = 0  # the prompt's, counted before the reply (message_start's)
         self.usage: dict[str, int] = {}  # the reply's, from the last chunk
         self.failed = False  # an error ended the stream: no message_delta/message_stop follow
@@ -297,6 +322,8 @@ class MessageStream:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = _usage(usage)
+        if chunk.get(STOP_WORD):
+            self.stop_sequence = chunk[STOP_WORD]
         out: list[bytes] = []
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
@@ -331,7 +358,7 @@ class MessageStream:
         return out
 
     def end(self) -> list[bytes]:
-        delta = {"stop_reason": self.stop_reason, "stop_sequence": None}
+        delta = {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence}
         usage = self.usage or {"input_tokens": self.input_tokens, "output_tokens": 0}
         return [
             *self._close(),
@@ -350,7 +377,7 @@ async def messages(server: Server, request: Request) -> Response:
     # A stream's message_start says the prompt's tokens: counted first, as the template
     # renders them (the reply's own count comes with its end).
     n_input = await count_chat_tokens(server, chat) if chat.get("stream") else 0
-    answer = await chat_reply(server, request, chat)
+    answer = await chat_reply(server, request, chat, StopWordChat)
     if isinstance(answer, EventStream):
         return EventStream(_events(answer.chunks, model, n_input), answer.on_close)
     if answer.status_code != 200:

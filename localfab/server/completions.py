@@ -133,8 +133,11 @@ async def chat_completions(server: Server, request: Request) -> Response:
     return await chat_reply(server, request, await read_json(request, server.settings))
 
 
-async def chat_reply(server: Server, request: Request, body: dict[str, Any]) -> Response:
-    """An OpenAI chat completion of `body` (also what the other chat APIs are turned into)."""
+async def chat_reply(
+    server: Server, request: Request, body: dict[str, Any], dialect_type: type[Chat] = Chat
+) -> Response:
+    """An OpenAI chat completion of `body` (also what the other chat APIs are turned into, some
+    with a dialect of their own that adds what they need)."""
     engine = server.model.engine
     n_ctx = engine.n_ctx
     shift = server.settings.context_shift
@@ -167,7 +170,9 @@ async def chat_reply(server: Server, request: Request, body: dict[str, Any]) -> 
         gen = await asyncio.to_thread(with_tools, server, gen, tools, reasoning)
     if gen.tools is None and not gen.sampling.grammar:
         gen = replace(gen, tools=recipient_only(server.model.prompts.template))
-    dialect = Chat(gen, server.prompt_text, verbose=server.verbose(gen), reasoning=reasoning)
+    dialect = dialect_type(
+        gen, server.prompt_text, verbose=server.verbose(gen), reasoning=reasoning
+    )
     return await respond(server, request, [Prompt(window.tokens, window)], gen, dialect)
 
 

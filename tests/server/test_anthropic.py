@@ -128,3 +128,22 @@ def test_a_malformed_request_is_a_400(client: Any) -> None:
             max_tokens=8,
             messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}],
         )
+
+
+def test_a_stop_sequence_that_ends_the_reply_is_named(client: Any) -> None:
+    ask: dict[str, Any] = {
+        "model": "local",
+        "max_tokens": 24,
+        "messages": [{"role": "user", "content": "Count from one to ten: one, two,"}],
+    }
+    free = client.messages.create(**ask).content[0].text
+    # A piece of the greedy reply that first shows after its start.
+    word = next(free[k : k + 4] for k in range(1, len(free)) if free.index(free[k : k + 4]) == k)
+    stopped = client.messages.create(**ask, stop_sequences=[word, "never said"])
+    assert stopped.stop_reason == "end_turn" and stopped.stop_sequence == word  # llama-server's
+    assert word not in stopped.content[0].text and free.startswith(stopped.content[0].text)
+    with client.messages.stream(**ask, stop_sequences=[word]) as stream:
+        final = stream.get_final_message()
+    assert final.stop_sequence == word and final.content[0].text == stopped.content[0].text
+    unstopped = client.messages.create(**ask, stop_sequences=["never said"])
+    assert unstopped.stop_sequence is None
