@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from localfab.gguf.facts import ModelFacts
     from localfab.machine.probes import Machine
     from localfab.plan import Plan, Wishes
+    from localfab.plan.projector import ProjectorPlan
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
@@ -168,6 +169,14 @@ def _where(machine: Machine) -> str:
 @click.option("--profile", default=None, help="Plan for a shipped hardware profile (see doctor).")
 @click.option("--vram", type=int, default=None, help="What-if: a GPU with this many MiB free.")
 @click.option("--ram", type=int, default=None, help="What-if: this many MiB of free RAM.")
+@click.option(
+    "-mm",
+    "--mmproj",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Plan the model's vision projector (mmproj GGUF) beside it, and what an image costs.",
+)
+@click.option("--mmproj-offload/--no-mmproj-offload", default=True, help="Projector on the GPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes).")
 def plan(
     model: str,
@@ -175,6 +184,8 @@ def plan(
     vram: int | None,
     ram: int | None,
     as_json: bool,
+    mmproj: Path | None,
+    mmproj_offload: bool,
     **options: Any,
 ) -> None:
     """Show how MODEL would be loaded: GPU layers, context, KV cache, memory, speed, and why.
@@ -196,9 +207,12 @@ def plan(
         # (offline, a catalog model's shipped facts).
         facts, fetched, estimate = _remote_facts(model)
     result = make_plan(facts, machine, _wishes(**options))
+    projector = _projector(result, machine, mmproj, mmproj_offload)
     if as_json:
         data = result.to_dict()
         data["machine"] = machine.to_dict()
+        if projector is not None:
+            data["projector"] = asdict(projector)
         if fetched is not None:
             data["header_bytes_fetched"] = fetched
         if estimate is not None:
@@ -206,11 +220,30 @@ def plan(
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(render_plan(result, machine))
+        if projector is not None:
+            click.echo(f"\n{projector.describe()}\n{projector.image_cost()}")
         if fetched is not None:
             read = format_bytes(fetched, precise=True)
             click.echo(f"\n(planned before download: read {read} of the header)")
         if estimate is not None:
             click.echo(f"\n({estimate})")
+
+
+def _projector(
+    result: Plan, machine: Machine, path: Path | None, offload: bool
+) -> ProjectorPlan | None:
+    """--mmproj's projector placed beside the planned model."""
+    if path is None:
+        return None
+    from localfab.errors import ModelError
+    from localfab.gguf.projector import read_projector
+    from localfab.plan.projector import plan_projector
+
+    try:
+        facts = read_projector(path)
+    except ModelError as exc:
+        raise UsageError(f"--mmproj: {exc}") from exc
+    return plan_projector(result, facts, machine, name=path.name, offload=offload)
 
 
 def _remote_facts(model: str) -> tuple[ModelFacts, int | None, str | None]:

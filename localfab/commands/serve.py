@@ -28,7 +28,7 @@ from localfab.commands.serve_flags import (
     template_kwargs,
 )
 from localfab.commands.serve_router import router_options, serve_router
-from localfab.commands.serve_vision import finish_load, media_folder, vision_options
+from localfab.commands.serve_vision import finish_load, media_folder, plan_vision, vision_options
 from localfab.commands.spec_flags import spec_options, speculation
 from localfab.commands.thinking import (
     budget_options,
@@ -271,6 +271,7 @@ def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Confi
     for warning in choice.plan.warnings:
         click.echo(f"localfab: warning: {warning}", err=True)
     choice.plan.require_fit()
+    options["mmproj_plan"] = plan_vision(choice, options["mmproj"], options["mmproj_offload"])
     return choice, config
 
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from localfab.errors import UsageError
+
+if TYPE_CHECKING:
+    from localfab.plan.projector import ProjectorPlan
+    from localfab.runtime import ModelChoice
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,18 +61,47 @@ def finish_load(loaded: Any, options: dict[str, Any]) -> None:
         raise
 
 
+def plan_vision(
+    choice: ModelChoice | None, path: Path | None, offload: bool
+) -> ProjectorPlan | None:
+    """The projector planned beside the chosen model (before it loads); UsageError, in one
+    line, for a file that is no projector or a projector that fits nowhere."""
+    if path is None or choice is None:
+        return None
+    from localfab.errors import ModelError
+    from localfab.gguf.projector import read_projector
+    from localfab.plan.projector import plan_projector
+
+    try:
+        facts = read_projector(path)
+    except ModelError as exc:
+        raise UsageError(f"--mmproj: {exc}") from exc
+    placed = plan_projector(choice.plan, facts, choice.machine, name=path.name, offload=offload)
+    if not placed.fits:
+        raise UsageError(placed.describe())
+    return placed
+
+
 def attach_vision(loaded: Any, options: dict[str, Any]) -> str | None:
-    """Attach --mmproj's projector to the loaded model; what to tell the user."""
+    """Attach --mmproj's projector to the loaded model, where its plan put it; what to tell
+    the user."""
     path = options.get("mmproj")
     if path is None:
         return None
     from localfab.engine.vision import attach_projector
 
-    projector = attach_projector(loaded.engine, path, use_gpu=options["mmproj_offload"])
-    return f"vision projector {path.name}: images in requests ({projector.marker} in prompts)"
+    placed: ProjectorPlan | None = options.get("mmproj_plan")
+    use_gpu = placed.use_gpu if placed is not None else options["mmproj_offload"]
+    projector = attach_projector(loaded.engine, path, use_gpu=use_gpu)
+    said = f"images in requests ({projector.marker} in prompts)"
+    if placed is None:
+        return f"vision projector {path.name}: {said}"
+    return f"{placed.describe()}; {placed.image_cost()}; {said}"
 
 
-def run_images(loaded: Any, flags: dict[str, Any], *, raw: bool) -> list[bytes]:
+def run_images(
+    loaded: Any, flags: dict[str, Any], *, raw: bool, choice: ModelChoice | None = None
+) -> list[bytes]:
     """`run --image FILE ... --mmproj FILE`: the projector attached to the loaded model, and
     the images' bytes (UsageError, in one line, for what cannot be used)."""
     paths, projector = flags["images"], flags["mmproj"]
@@ -82,7 +115,8 @@ def run_images(loaded: Any, flags: dict[str, Any], *, raw: bool) -> list[bytes]:
         raise UsageError("--mmproj is for a model loaded here, not for --remote")
     from localfab.engine.vision import attach_projector
 
-    attach_projector(loaded.engine, projector)
+    placed = plan_vision(choice, Path(projector), offload=True)
+    attach_projector(loaded.engine, projector, use_gpu=placed is None or placed.use_gpu)
     images = []
     for path in paths:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import re
 import struct
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from localfab.engine import native
 from localfab.engine.image_ids import image_end, index_in_image, run_ids
 from localfab.errors import LocalfabError
 from localfab.gguf.modelfile import check_gguf_file
+from localfab.units import MiB
 
 if TYPE_CHECKING:
     from localfab.engine.kvcache import KVCache
@@ -117,7 +119,9 @@ class Projector:
         params.use_gpu = use_gpu
         params.n_threads = n_threads
         params.print_timings = False
-        params.warmup = False
+        # As llama-server: the compute buffer is reserved at load, for the largest image (so a
+        # projector that does not fit fails here, not at the first image).
+        params.warmup = True
         mark = native.log_mark()
         self._mctx: Any = mtmd.mtmd_init_from_file(str(path).encode(), model, params)
         if not self._mctx:
@@ -128,6 +132,9 @@ class Projector:
             self.close()
             raise LocalfabError(f"{path.name} is a projector that reads no images")
         self.path = path
+        # What llama.cpp says it holds: the weights' bytes and the compute buffers' (the plan's
+        # figures are checked against these).
+        self.weights_bytes, self.compute_bytes = _reported(native.log_since(mark))
         self._ctx = ctx
         self.n_ubatch = int(lc.llama_n_ubatch(ctx))
         self.marker = (mtmd.mtmd_default_marker() or b"<__media__>").decode()
@@ -280,3 +287,17 @@ def _reason(mark: int) -> str:
             hint = next((h for h in lines[k + 1 : k + 2] if h.startswith("hint:")), "")
             return f"{reason} ({hint})" if hint else reason
     return "llama.cpp could not load it (run with -v to see why)"
+
+
+def _reported(lines: Sequence[str]) -> tuple[int, int]:
+    """The projector's weights and compute buffers in bytes, as llama.cpp logged them at load
+    ("model size: 0.48 MiB", "CPU compute buffer size = 0.23 MiB"); 0 where not logged."""
+    weights = compute = 0.0
+    for line in lines:
+        found = re.search(r"model size:\s+([\d.]+) MiB", line)
+        if found:
+            weights = float(found.group(1))
+        found = re.search(r"compute buffer size =\s+([\d.]+) MiB", line)
+        if found:
+            compute += float(found.group(1))
+    return round(weights * MiB), round(compute * MiB)

@@ -154,3 +154,26 @@ def test_plan_does_not_mark_the_model_as_used(
     assert done.returncode == 0, done.stderr
     assert "Plan for Qwen3-8B" in done.stdout
     assert last_used() == before
+
+
+def test_plan_places_a_vision_projector_and_says_what_an_image_costs(
+    model_files: dict[str, Path], tmp_path: Path, lf_env: dict[str, str]
+) -> None:
+    from tests.plan.test_plan_projector import MMPROJ
+
+    projector = MMPROJ.write_projector(tmp_path / "mmproj.gguf", 2560)
+    path = str(model_files["gemma-3-4b-it"])
+    base = ("plan", path, "--profile", "rtx3060-laptop-6gb", "-c", "8192", "--mmproj")
+    done = lf_in_process(*base, str(projector), env=lf_env)
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"vision projector mmproj\.gguf: [\d.]+ KiB weights \+ [\d.]+ KiB compute "
+        r"on the GPU \(NVIDIA GeForce RTX 3060 Laptop GPU\)",
+        done.stdout,
+    )
+    assert "an image takes 16 tokens of the context (" in done.stdout
+    kept = lf_in_process(*base, str(projector), "--no-mmproj-offload", "--json", env=lf_env)
+    data = json.loads(kept.stdout)["projector"]
+    assert data["device"] == "CPU" and data["image_tokens"] == 16 and data["fits"] is True
+    wrong = lf_in_process(*base, path, env=lf_env)
+    assert wrong.returncode == 2 and "is not a vision projector" in wrong.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import struct
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ def _script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("mmproj_model", ROOT / "scripts/mmproj_model.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["mmproj_model"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

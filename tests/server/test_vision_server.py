@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -204,10 +205,16 @@ def test_serve_with_mmproj_and_its_errors(
         assert httpx.get(s.url + "/props").json()["modalities"]["vision"] is True
         assert ask(s.url, "file://blue.png").status_code == 200
         log = s.stop()
-    assert "vision projector mmproj.gguf" in log
+    # Its plan beside the model: where it went, what it holds, what an image costs.
+    assert re.search(
+        r"vision projector mmproj\.gguf: [\d.]+ KiB weights \+ [\d.]+ KiB compute on "
+        r"the CPU; .*; an image takes 16 tokens of the context",
+        log,
+    ), log
     other = MMPROJ.write_projector(tmp_path / "mmproj-320.gguf", 320)
     for args, says in (
         (["--mmproj", str(other)], "mismatch between text model (n_embd = 640) and mmproj"),
+        (["--mmproj", str(model_path)], "is not a vision projector"),
         (["--mmproj", str(projector), "--media-path", str(tmp_path / "no")], "is not a folder"),
     ):
         done = subprocess.run(
