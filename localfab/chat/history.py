@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from localfab.chat.history_images import ImageStore, named_images
 from localfab.chat.history_locks import ReplyLocks, drop
 from localfab.chat.history_schema import (
     ANCESTORS,
@@ -58,6 +59,7 @@ from localfab.chat.history_search import (
     HIT_START,
     MAX_QUERY_CHARS,
     MAX_TERMS,
+    NO_FTS_NOTICE,
     SNIPPET_TOKENS,
     SearchCancelled,
     SearchHit,
@@ -117,6 +119,9 @@ class History:
         self._migrate()
         self.full_text = self._has_table(FTS_TABLE)
         self.mark_interrupted()
+        # The chats' images, beside the database; those of chats deleted before now go.
+        self.images = ImageStore(real.with_name(real.name + ".images"))
+        self.images.prune(named_images(self._db))
 
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
@@ -154,12 +159,7 @@ class History:
     @property
     def search_notice(self) -> str | None:
         """Why search is slower than it should be, or None when the full-text index is used."""
-        if self.full_text:
-            return None
-        return (
-            "This Python's SQLite has no FTS5, so search scans every message (LIKE) instead of "
-            "using a full-text index: it works, more slowly on a large history."
-        )
+        return None if self.full_text else NO_FTS_NOTICE
 
     @property
     def schema_version(self) -> int:
@@ -312,8 +312,9 @@ class History:
         status: str = "complete",
         sibling_of: int | None = None,
         tools: str = "",
+        images: str = "",
     ) -> int:
-        """Append a message to the session's current path; returns its id.
+        """Append a message to the session's current path; returns its id (`images`: JSON).
 
         With `sibling_of`, the message is a new version of that message instead (the same
         parent), and the current path moves to it; the old version stays.
@@ -333,8 +334,9 @@ class History:
                 parent = self._parent_for(db, session_id, sibling_of)
                 cur = db.execute(
                     "INSERT INTO messages (session_id, seq, role, content, status, created, "
-                    "updated, parent_id, chosen, tools) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (session_id, seq, role, content, status, now, now, parent, now, tools),
+                    "updated, parent_id, chosen, tools, images) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, seq, role, content, status, now, now, parent, now, tools, images),
                 )
                 message_id = int(cur.lastrowid or 0)
                 db.execute(

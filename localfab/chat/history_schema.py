@@ -114,6 +114,7 @@ class StoredMessage:
     # ({"calls": [{"id", "name", "arguments"}]}), or a tool message's call and outcome
     # ({"call_id", "name", "kind"}); see `localfab.chat.toolturns`.
     tools: str = ""
+    images: str = ""  # the images of a user message, as JSON (`history_images.refs_json`)
 
 
 # A message's columns as StoredMessage holds them (`m` is the messages table), with its version
@@ -123,7 +124,7 @@ STORED_COLUMNS = (
     "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
     "AND s.session_id=m.session_id AND s.seq<=m.seq), "
     "(SELECT COUNT(*) FROM messages s WHERE s.parent_id IS m.parent_id "
-    "AND s.session_id=m.session_id), m.reasoning, m.tools"
+    "AND s.session_id=m.session_id), m.reasoning, m.tools, m.images"
 )
 # The current path of session ?: (id, depth) from its leaf (depth 0) up to the root.
 PATH = (
@@ -167,12 +168,15 @@ Migration = str | Callable[[sqlite3.Connection], None]
 ADD_REASONING = "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''"
 # Schema 5: tool calls and results (JSON), beside the text in `content`.
 ADD_TOOLS = "ALTER TABLE messages ADD COLUMN tools TEXT NOT NULL DEFAULT ''"
+# Schema 6: the images a user message carried (JSON naming files of `history_images`).
+ADD_IMAGES = "ALTER TABLE messages ADD COLUMN images TEXT NOT NULL DEFAULT ''"
 MIGRATIONS: tuple[Migration, ...] = (
     SCHEMA_1,
     add_full_text,
     add_versions,
     ADD_REASONING,
     ADD_TOOLS,
+    ADD_IMAGES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -18,6 +18,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# Said once where this Python's SQLite lacks FTS5 (search still works, by LIKE).
+NO_FTS_NOTICE = (
+    "This Python's SQLite has no FTS5, so search scans every message (LIKE) instead of "
+    "using a full-text index: it works, more slowly on a large history."
+)
+
 FTS_TABLE = "messages_fts"
 
 # Only this much of a query is read: more is a pasted document, not words to look for.

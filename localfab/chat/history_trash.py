@@ -17,7 +17,7 @@ from localfab.errors import UsageError
 SESSION_COLUMNS = "id, created, updated, model, system, title, leaf_id"
 MESSAGE_COLUMNS = (
     "id, session_id, seq, role, content, status, continues, created, updated, parent_id, chosen, "
-    "reasoning"
+    "reasoning, tools, images"
 )
 
 

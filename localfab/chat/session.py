@@ -30,7 +30,15 @@ from localfab.chat.fitting import (
     reply_room,
 )
 from localfab.chat.history import History, StoredMessage
-from localfab.chat.images import NOT_PLACED, count_images, image_message
+from localfab.chat.history_images import Attachment, attachments
+from localfab.chat.images import (
+    NOT_PLACED,
+    count_images,
+    image_message,
+    restore_images,
+    store_images,
+    stored_images,
+)
 from localfab.chat.prompt import PromptBuilder
 from localfab.chat.replies import FLUSH_SECONDS, ReplyStreaming
 from localfab.chat.tools import ToolPlan, ToolRequest
@@ -115,10 +123,10 @@ class ChatSession(ReplyStreaming):
         self,
         text: str,
         options: GenerationOptions = NO_OPTIONS,
-        images: Sequence[bytes] = (),
+        images: Sequence[bytes | Attachment] = (),
     ) -> Iterator[ChatEvent]:
         """Add a user message and stream the reply (TokenEvents, Shifted, Continued, Reply);
-        `images` (for a model with a vision projector) come before the text."""
+        `images` (for a model with a vision projector) come before the text, stored with it."""
         return self._turn(text, options=options, images=images)
 
     def _turn(
@@ -128,16 +136,17 @@ class ChatSession(ReplyStreaming):
         options: GenerationOptions,
         sibling_of: int | None = None,
         restore: Callable[[], None] | None = None,
-        images: Sequence[bytes] = (),
+        images: Sequence[bytes | Attachment] = (),
     ) -> Iterator[ChatEvent]:
         """A user message (a new version of stored message `sibling_of`, if given) and its reply.
 
         `restore` puts the conversation back as it was when the message does not fit.
         """
         last_user = len(self.messages)
-        content = text
-        if images:  # the images' tokens pinned in their markers' places (`chat.images`)
-            content, pinned = image_message(text, images, self.engine, self._plain)
+        content, attached = text, attachments(images)
+        if attached:  # the images' tokens pinned in their markers' places (`chat.images`)
+            data = [a.data for a in attached]
+            content, pinned = image_message(text, data, self.engine, self._plain)
             self._pins[last_user] = (content, tuple(pinned))
         self.messages.append({"role": "user", "content": content})
         reserve = reply_room(self.n_ctx, options.max_tokens, self.reply_reserve)
@@ -157,8 +166,9 @@ class ChatSession(ReplyStreaming):
                 f"context window holds {self.n_ctx}: shorten it or raise the context with -c",
             )
         if self.history is not None and self.session_id is not None:
+            refs = store_images(self.history, attached)
             self._stored[last_user] = self.history.add_message(
-                self.session_id, "user", text, sibling_of=sibling_of
+                self.session_id, "user", text, sibling_of=sibling_of, images=refs
             )
         yield from self._answer(
             last_user,
@@ -315,13 +325,9 @@ class ChatSession(ReplyStreaming):
         """
         index = self._check_index(index, "user")
         old = self._stored.get(index)
+        images = stored_images(self.history, old)  # the new version keeps them
         undo = self._cut(index)
-        yield from self._turn(
-            text,
-            options=options,
-            sibling_of=old,
-            restore=undo,
-        )
+        yield from self._turn(text, options=options, sibling_of=old, restore=undo, images=images)
 
     def stored_ids(self) -> dict[int, int]:
         """Message index -> its row in the history, for the messages that are stored."""
@@ -363,6 +369,7 @@ class ChatSession(ReplyStreaming):
             for i, pin in self._pins.items()
             if i < len(self.messages) and self.messages[i]["content"] == pin[0]
         }
+        restore_images(stored, self.messages, self._pins, self.engine, self._plain, self.history)
         self.window_start = 0
         users = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
         self.expected_cache = []

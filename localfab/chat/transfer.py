@@ -3,16 +3,21 @@
 Markdown holds the session's current path (one version of each message; a message with other
 versions says which one it is). JSON holds every version: each message names its parent by its
 place in the list, and the session names the message its current path ends at. Exports of
-version 1 (before versions existed: one linear list) still import, as one path.
+version 1 (before versions existed: one linear list) still import, as one path. A message's
+images go with it, their bytes in base64 (Markdown names them).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from localfab.chat.history_images import Attachment, refs_from
+from localfab.chat.images import store_images
 from localfab.chat.toolturns import check_stored, stored_calls, stored_tools
 from localfab.errors import UsageError
 
@@ -30,6 +35,7 @@ HEADINGS = {"user": "You", "assistant": "Assistant", "system": "System", "tool":
 # time), and at most this many continuations.
 LATEST_TIME = 32_503_680_000.0
 MOST_CONTINUES = 10_000
+MOST_IMAGES = 64  # images one imported message may carry
 
 
 def _stored(history: History, session_id: int) -> StoredSession:
@@ -80,6 +86,7 @@ def export_markdown(history: History, session_id: int) -> str:
         lines += ["", f"## {_heading(m)}", ""]
         if m.reasoning:  # a thinking model's thought, folded as Markdown viewers fold it
             lines += ["<details><summary>Thought</summary>", "", m.reasoning, "", "</details>", ""]
+        lines += [f"[image: {ref.label()}]" for ref in refs_from(m.images)]
         lines.append(m.content)
         lines += _calls_markdown(m)
     return "\n".join(lines) + "\n"
@@ -91,7 +98,7 @@ def export_json(history: History, session_id: int) -> str:
     with history.read() as db:
         rows = db.execute(
             "SELECT id, parent_id, role, content, status, continues, created, updated, "
-            "reasoning, tools FROM messages WHERE session_id=? ORDER BY seq",
+            "reasoning, tools, images FROM messages WHERE session_id=? ORDER BY seq",
             (session_id,),
         ).fetchall()
         leaf = db.execute("SELECT leaf_id FROM sessions WHERE id=?", (session_id,)).fetchone()[0]
@@ -100,11 +107,13 @@ def export_json(history: History, session_id: int) -> str:
     messages = []
     for row in rows:
         message: dict[str, Any] = {"parent": place.get(row[1])}
-        message.update(zip(fields, row[2:-2], strict=True))
+        message.update(zip(fields, row[2:-3], strict=True))
+        if row[-3]:
+            message["reasoning"] = row[-3]
         if row[-2]:
-            message["reasoning"] = row[-2]
+            message["tools"] = stored_tools(row[-2])
         if row[-1]:
-            message["tools"] = stored_tools(row[-1])
+            message["images"] = _export_images(history, row[-1])
         messages.append(message)
     data = {
         "format": EXPORT_FORMAT,
@@ -120,6 +129,32 @@ def export_json(history: History, session_id: int) -> str:
         "messages": messages,
     }
     return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def _export_images(history: History, column: str) -> list[dict[str, Any]]:
+    """A message's images with their bytes (base64), those whose files are still there."""
+    out = []
+    for ref in refs_from(column):
+        data = history.images.get(ref)
+        if data is not None:
+            out.append({"name": ref.name, "data": base64.b64encode(data).decode("ascii")})
+    return out
+
+
+def _import_images(history: History, m: dict[str, Any], i: int) -> str:
+    """An imported message's images, put in the history's store ("" for none)."""
+    given = m.get("images") or []
+    if not isinstance(given, list) or len(given) > MOST_IMAGES:
+        raise UsageError(f"message {i + 1} of the chat export has images that are not a list")
+    found = []
+    for image in given:
+        try:
+            data = base64.b64decode(image["data"], validate=True)
+            name = str(image.get("name") or "image")
+        except (TypeError, KeyError, ValueError, binascii.Error) as exc:
+            raise UsageError(f"message {i + 1} of the chat export has a bad image") from exc
+        found.append(Attachment(data, name))
+    return store_images(history, found)
 
 
 def _header(text: str) -> tuple[int, dict[str, Any], list[Any]]:
@@ -240,6 +275,7 @@ def import_json(history: History, text: str) -> int:
     version, session, messages = _header(text)
     now = time.time()
     rows = [_row(m, i, version, now) for i, m in enumerate(messages)]
+    images = [_import_images(history, m, i) for i, m in enumerate(messages)]
 
     def text_or_none(value: object, where: str = "session") -> str | None:
         return _text(value, where) if isinstance(value, str) else None
@@ -263,9 +299,16 @@ def import_json(history: History, text: str) -> int:
         for seq, (parent, *fields) in enumerate(rows):
             cur = db.execute(
                 "INSERT INTO messages (session_id, seq, parent_id, role, content, status, "
-                "continues, created, updated, reasoning, tools, chosen) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (session_id, seq, None if parent is None else ids[parent], *fields, fields[4]),
+                "continues, created, updated, reasoning, tools, chosen, images) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    seq,
+                    None if parent is None else ids[parent],
+                    *fields,
+                    fields[4],
+                    images[seq],
+                ),
             )
             ids.append(int(cur.lastrowid or 0))
         leaf = None if current is None else ids[current]

@@ -206,7 +206,7 @@ def test_a_version_2_database_upgrades_in_place_and_loses_nothing(tmp_path: Path
     version_2_database(path)
     history = History(path)
     try:
-        assert history.schema_version == SCHEMA_VERSION == 5
+        assert history.schema_version == SCHEMA_VERSION == 6
         assert {m.tools for m in history.messages(1)} == {""}  # schema 5: no tool calls yet
         assert contents(history, 1) == [
             "how tall is the lighthouse",
