@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from localfab.engine import Engine
     from localfab.machine.probes import Machine
     from localfab.plan import Plan, Wishes
+    from localfab.plan.projector import ProjectorPlan
 
 log = logging.getLogger("localfab.runtime")
 
@@ -179,6 +180,38 @@ class ModelChoice:
         if not placed.fits:
             return None, f"running without speculative decoding: {placed.describe()}"
         return replace(spec, n_gpu_layers_draft=placed.n_gpu_layers), placed.describe()
+
+    def place_projector(self, path: Path, *, offload: bool = True) -> ProjectorPlan:
+        """The vision projector `path` planned beside this model (before either loads);
+        UsageError, in one line, for a file that is no projector or one that fits nowhere."""
+        from localfab.gguf.projector import read_projector
+        from localfab.plan.projector import plan_projector
+
+        try:
+            facts = read_projector(path)
+        except LocalfabError as exc:
+            raise UsageError(f"--mmproj: {exc}") from exc
+        placed = plan_projector(self.plan, facts, self.machine, name=path.name, offload=offload)
+        if not placed.fits:
+            raise UsageError(placed.describe())
+        return placed
+
+
+def find_projector(model: Path) -> Path | None:
+    """The vision projector beside a model file: an `mmproj*.gguf` in its folder (where
+    `pull` puts a repository's) made for a model of its embedding size; None when none is."""
+    from localfab.gguf.facts import read_facts
+    from localfab.gguf.projector import read_projector
+
+    candidates = sorted(model.parent.glob("mmproj*.gguf"))
+    n_embd = read_facts(model).n_embd if candidates else 0
+    for candidate in candidates:
+        try:
+            if read_projector(candidate).projection_dim == n_embd:
+                return candidate
+        except (LocalfabError, OSError):
+            continue
+    return None
 
 
 def choose_model(

@@ -8,6 +8,7 @@ the last user message, one small text piece per token, at a set pace.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import time
@@ -16,6 +17,8 @@ from typing import Any
 
 from localfab.chat.templates import BUILTIN_TEMPLATES
 from localfab.engine.callsyntax import CallDelta
+from localfab.engine.image_header import image_size
+from localfab.engine.image_ids import run_ids
 from localfab.engine.thought import ThoughtStep
 from localfab.engine.toolcalls import ToolStep
 from localfab.engine.types import (
@@ -60,6 +63,21 @@ def default_reply(prompt: str) -> str:
     return SAMPLE_REPLY
 
 
+class FakeProjector:
+    """A vision projector's interface: an image is its markers around 4 image ids from its
+    hash (its header checked as the real one checks it); `images` holds what it was given."""
+
+    marker = "<__media__>"
+
+    def __init__(self) -> None:
+        self.images: list[bytes] = []
+
+    def image_tokens(self, data: bytes) -> list[int]:
+        image_size(data)
+        self.images.append(data)
+        return run_ids(hashlib.sha256(data).hexdigest(), 4)
+
+
 class FakeEngine:
     """Scripted generation with the engine's interface."""
 
@@ -76,8 +94,10 @@ class FakeEngine:
         delay: float = 0.002,
         hold_after: int | None = None,
         template: str | None = None,
+        projector: FakeProjector | None = None,
     ) -> None:
         self.reply = reply
+        self.projector = projector  # reads images, as a model with a vision projector
         self.template = template  # a chat template of its own (else the built-in ChatML)
         self.last_prompt = ""  # the last reply's prompt, as text, and its options
         self.last_options: GenerationOptions | None = None
@@ -122,9 +142,11 @@ class FakeEngine:
         return out
 
     def token_text(self, token: int) -> str:
-        return self._pieces[token]
+        return "" if token < 0 else self._pieces[token]
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        if token < 0:  # an image's ids have no text
+            return b""
         if token < len(SPECIALS) and not special:
             return b""
         return self._pieces[token].encode()

@@ -161,13 +161,15 @@ def backend_factory(
     template_file: Path | None = None,
     remote: Remote | None = None,
     serving: tuple[tuple[str, int], int] | None = None,
+    mmproj: Path | None = None,
 ) -> Callable[..., LocalBackend]:
     """What makes the app's backend for a model name (and the fit screen's wishes), with the
     settings as they are then (`current`: the settings screen may have saved new ones).
     `template_file`: a chat template used instead of each model's own; `remote`: chat with the
     model a server serves instead of loading one here; `serving`: the address and slots of a
     server in this process that holds the app's model."""
-    from localfab.tui.local_backend import LocalBackend, model_loader
+    from localfab.tui.local_backend import LocalBackend
+    from localfab.tui.model_loader import model_loader
 
     def backend_for(name: str, wishes: Wishes | None = None) -> LocalBackend:
         now = current()
@@ -188,7 +190,13 @@ def backend_factory(
             )
             return LocalBackend(on, history, name, chat_options(now), **tools)
         loader = model_loader(
-            name, paths, now, ctx_size=ctx_size, wishes=wishes, template_file=template_file
+            name,
+            paths,
+            now,
+            ctx_size=ctx_size,
+            wishes=wishes,
+            template_file=template_file,
+            mmproj=mmproj,
         )
         ledger = paths.data_dir / "ledger.sqlite3" if now.ledger else None  # figures, if on
         return LocalBackend(loader, history, name, chat_options(now), ledger_file=ledger, **tools)
@@ -294,6 +302,14 @@ def exit_with(return_code: int | None) -> None:
     "(--attach) or load the model again here (--no-attach); asked when not given.",
 )
 @click.option(
+    "-mm",
+    "--mmproj",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="The model's vision projector (mmproj GGUF): messages may then carry images "
+    "(/image PATH, or paste or drop a path). Found by itself beside the model file.",
+)
+@click.option(
     "-np",
     "--parallel",
     type=click.IntRange(1, 64),
@@ -314,6 +330,7 @@ def chat(
     serve_at: str | None,
     attach: bool | None,
     parallel: int,
+    mmproj: Path | None,
 ) -> None:
     """Chat with MODEL in the terminal app (a registered name, a .gguf path or smollm2:135m).
 
@@ -325,6 +342,8 @@ def chat(
         where = attached(model, attach)
     if session_id is not None and new:
         raise UsageError("--session and --new cannot be used together")
+    if mmproj is not None and (where is not None or serving is not None):
+        raise UsageError("--mmproj is for a model the app loads itself, not one a server holds")
     if ctx_size is not None and ctx_size < 16:
         raise UsageError(f"--ctx-size {ctx_size} is too small; use at least 16")
     open_app(
@@ -337,6 +356,7 @@ def chat(
         template_file=chat_template_file,
         remote=where,
         serving=serving,
+        mmproj=mmproj,
     )
 
 

@@ -68,18 +68,7 @@ def plan_vision(
     line, for a file that is no projector or a projector that fits nowhere."""
     if path is None or choice is None:
         return None
-    from localfab.errors import ModelError
-    from localfab.gguf.projector import read_projector
-    from localfab.plan.projector import plan_projector
-
-    try:
-        facts = read_projector(path)
-    except ModelError as exc:
-        raise UsageError(f"--mmproj: {exc}") from exc
-    placed = plan_projector(choice.plan, facts, choice.machine, name=path.name, offload=offload)
-    if not placed.fits:
-        raise UsageError(placed.describe())
-    return placed
+    return choice.place_projector(path, offload=offload)
 
 
 def attach_vision(loaded: Any, options: dict[str, Any]) -> str | None:

@@ -10,15 +10,16 @@ server. Nothing here imports textual or llama_cpp.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from localfab.chat.history_images import Attachment
 from localfab.errors import LoadCancelled
 from localfab.mcp.servers import ServerExtraInfo as ServerExtra  # a server's prompt or resource
 
-# Re-exported for the app: a cancelled model load, and a server's prompt or resource.
-__all__ = ["LoadCancelled", "ServerExtra"]
+# Re-exported for the app: a cancelled model load, a server's prompt or resource, an image.
+__all__ = ["Attachment", "LoadCancelled", "ServerExtra"]
 
 if TYPE_CHECKING:
     pass
@@ -60,6 +61,7 @@ class StoredTurn:
     versions: int = 1  # how many versions its place has (edits, regenerated replies)
     reasoning: str = ""  # a thinking model's thought before the reply
     tools: str = ""  # tool calls (an assistant's) or a result (a tool message's), as stored
+    images: tuple[str, ...] = ()  # the images a user message carried, as their chips say them
 
 
 @dataclass(frozen=True)
@@ -166,8 +168,11 @@ class ChatBackend(Protocol):
         """The stored session the chat is written to."""
         ...
 
-    def send(self, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
-        """Send a user message and stream the reply."""
+    def send(
+        self, text: str, *, cancel: threading.Event, images: Sequence[Attachment] = ()
+    ) -> Iterator[ReplyEvent]:
+        """Send a user message (with `images`, for a model that reads them: `ReadsImages`)
+        and stream the reply."""
         ...
 
     def run_reply(self, pump: Callable[[], None]) -> None:
@@ -202,6 +207,13 @@ class ChatBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReadsImages(Protocol):
+    """A backend that says whether its model reads images (a vision projector is loaded)."""
+
+    def reads_images(self) -> bool: ...
 
 
 THINKING_MODES = ("auto", "on", "off")

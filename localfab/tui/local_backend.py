@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localfab.chat.history_images import Attachment, refs_from
 from localfab.errors import LoadCancelled, LocalfabError, UsageError
 from localfab.tui.backend import (
-    LoadProgress,
     ModelCard,
     ProgressCallback,
     ReplyEvent,
@@ -25,7 +25,6 @@ from localfab.tui.backend import (
 from localfab.tui.cache_notes import (
     IDLE_PERSIST_S,
     IDLE_SLACK,
-    attach_prompt_cache,
     window_note,
 )
 from localfab.tui.engine_thread import EngineThread, on_engine, streamed_on_engine
@@ -37,16 +36,14 @@ if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
     from localfab.chat.session import ChatSession
     from localfab.chat.tools import ToolRequest
-    from localfab.config import Config, Paths
     from localfab.engine.types import GenerationOptions, SamplingParams
     from localfab.ledger.writer import LedgerWriter, ReplyRecorder
     from localfab.mcp.approvals import Approvals
     from localfab.mcp.servers import ToolServers
-    from localfab.plan import Wishes
 
 log = logging.getLogger("localfab.tui")
 
-__all__ = ["ChatModel", "ChatOptions", "LoadCancelled", "LocalBackend", "model_loader"]
+__all__ = ["ChatModel", "ChatOptions", "LoadCancelled", "LocalBackend"]
 
 
 @dataclass
@@ -255,13 +252,20 @@ class LocalBackend(ToolUse):
         self.engine_thread.post(pump)
 
     @streamed_on_engine
-    def send(self, text: str, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
+    def send(
+        self, text: str, *, cancel: threading.Event, images: Sequence[Attachment] = ()
+    ) -> Iterator[ReplyEvent]:
         chat = self._chat()
         if chat.history is None and self.history is not None:
             chat.history = self.history
             chat.session_id = self.history.create_session(model=self.model_name, system=chat.system)
-        events = chat.send(text, self._reply_options(cancel))
+        events = chat.send(text, self._reply_options(cancel), images=images)
         yield from self._events(events)
+
+    def reads_images(self) -> bool:
+        """Whether the loaded model reads images (its vision projector is loaded)."""
+        loaded = self._loaded
+        return loaded is not None and getattr(loaded.engine, "projector", None) is not None
 
     @streamed_on_engine
     def continue_reply(self, *, cancel: threading.Event) -> Iterator[ReplyEvent]:
@@ -376,120 +380,7 @@ class LocalBackend(ToolUse):
 
 
 def _turn(m: StoredMessage) -> StoredTurn:
+    images = tuple(ref.label() for ref in refs_from(m.images))
     return StoredTurn(
-        m.role, m.content, m.status, m.id, m.version, m.versions, m.reasoning, m.tools
+        m.role, m.content, m.status, m.id, m.version, m.versions, m.reasoning, m.tools, images
     )
-
-
-def model_loader(
-    name: str,
-    paths: Paths,
-    config: Config,
-    *,
-    ctx_size: int | None = None,
-    wishes: Wishes | None = None,
-    template_file: Path | None = None,
-) -> Loader:
-    """The loader for a model name or path: resolve, plan for this machine, load.
-
-    `wishes` (from the fit screen) replace the ones made from `config` and `ctx_size`;
-    `template_file` is a chat template used instead of the model's (--chat-template-file).
-    """
-
-    def load(progress: ProgressCallback, cancel: threading.Event) -> ChatModel:
-        from localfab.runtime import choose_model, speculation_from, wishes_from_options
-
-        progress(LoadProgress("finding and planning the model", 0.0, name))
-        choice = choose_model(name, paths, wishes or wishes_from_options(config, ctx_size=ctx_size))
-        chosen, path = choice.plan, choice.path
-        plan_lines = plan_summary(chosen)
-        detail = " · ".join(plan_lines)
-        progress(LoadProgress("loading weights", WEIGHTS_START, detail))
-        if cancel.is_set():
-            raise LoadCancelled()
-        started = time.monotonic()
-        # Speculative decoding as config.toml's [speculative] says (off unless set there).
-        speculative = speculation_from(config, paths)
-        loaded = choice.open(
-            progress=weights_progress(progress, cancel, detail), speculative=speculative
-        )
-        if cancel.is_set():
-            loaded.close()
-            raise LoadCancelled()
-        if template_file is not None:
-            use_template(loaded, template_file)
-        notes = attach_prompt_cache(loaded.engine, chosen, paths, config)
-        progress(LoadProgress("ready", 1.0, f"loaded in {time.monotonic() - started:.1f} s"))
-        info = ModelCard(
-            name=name,
-            path=str(path),
-            n_ctx=loaded.engine.n_ctx,
-            gpu_layers=chosen.repeating_layers_on_gpu,
-            total_layers=chosen.n_layer,
-            plan=tuple(plan_lines),
-            notices=tuple(loaded.notices),
-            threads=loaded.engine.n_threads,
-        )
-        return ChatModel(
-            loaded.engine, loaded.prompts, info, loaded.close, plan=chosen, notes=notes
-        )
-
-    return load
-
-
-def use_template(loaded: Any, path: Path) -> None:
-    """A chat template file in place of the model's own (its BOS and EOS kept); a load notice
-    about the model's own template no longer applies."""
-    from localfab.chat.prompt import PromptBuilder
-
-    old = loaded.prompts.notice
-    try:
-        loaded.prompts = PromptBuilder.from_file(loaded.engine, path)
-    except UsageError:
-        loaded.close()
-        raise
-    loaded.notices = [n for n in loaded.notices if n != old]
-
-
-# The share of the load bar before the weights start (finding and planning) and after they end
-# (creating the context and warming up).
-WEIGHTS_START = 0.05
-WEIGHTS_END = 0.95
-
-
-def weights_progress(
-    progress: ProgressCallback, cancel: threading.Event, detail: str
-) -> Callable[[float], bool]:
-    """The engine's per-tensor load progress as the app's `LoadProgress`, stopped by `cancel`.
-
-    llama.cpp reports every tensor (hundreds per model): only whole-percent steps are passed on,
-    so the UI gets at most a hundred messages per load.
-    """
-    last = -1
-
-    def on_weights(fraction: float) -> bool:
-        nonlocal last
-        if cancel.is_set():
-            return False
-        percent = int(fraction * 100)
-        if percent != last:
-            last = percent
-            share = WEIGHTS_START + (WEIGHTS_END - WEIGHTS_START) * fraction
-            progress(LoadProgress("loading weights", share, detail))
-        return True
-
-    return on_weights
-
-
-def plan_summary(chosen: Any) -> list[str]:
-    """A few short lines that say what the planner chose and why."""
-    where = f"{chosen.repeating_layers_on_gpu}/{chosen.n_layer} layers on {chosen.gpu}"
-    if not chosen.gpu:
-        where = "CPU only"
-    lines = [
-        f"context {chosen.n_ctx}",
-        f"KV {chosen.type_k}/{chosen.type_v}",
-        where,
-        f"~{chosen.predicted_tok_s:.0f} tok/s predicted",
-    ]
-    return lines + [str(r) for r in chosen.reasons[:2]]

@@ -72,7 +72,7 @@ def test_the_app_loader_reports_fractions_and_a_cancel_stops_the_weights(
 
     from localfab.config import Config, default_paths
     from localfab.tui.backend import LoadProgress
-    from localfab.tui.local_backend import WEIGHTS_END, WEIGHTS_START, model_loader
+    from localfab.tui.model_loader import WEIGHTS_END, WEIGHTS_START, model_loader
 
     paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
     loader = model_loader(str(model_path), paths, Config(), ctx_size=512)

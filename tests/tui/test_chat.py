@@ -361,7 +361,8 @@ def weights_loader(total: int, gate: threading.Event, seen: list[float]):
     from localfab.chat.prompt import PromptBuilder
     from localfab.errors import LoadCancelled
     from localfab.tui.backend import LoadProgress, ModelCard
-    from localfab.tui.local_backend import WEIGHTS_START, ChatModel, weights_progress
+    from localfab.tui.local_backend import ChatModel
+    from localfab.tui.model_loader import WEIGHTS_START, weights_progress
 
     def load(progress, cancel):
         progress(LoadProgress("loading weights", WEIGHTS_START, "plan"))
@@ -412,8 +413,8 @@ async def test_the_final_speed_stays_when_the_end_comes_before_the_generator_ret
         send_reply = backend.send
         returns = threading.Event()  # held until the test has looked, however slow
 
-        def late_end(text, *, cancel):
-            yield from send_reply(text, cancel=cancel)
+        def late_end(text, *, cancel, images=()):
+            yield from send_reply(text, cancel=cancel, images=images)
             returns.wait(10)
 
         backend.send = late_end

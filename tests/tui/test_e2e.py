@@ -14,7 +14,8 @@ from localfab.config import Config, default_paths
 from localfab.engine.types import SamplingParams
 from localfab.ledger.writer import Ledger, rows_to_dicts
 from localfab.tui.app import AppDeps, make_app
-from localfab.tui.local_backend import ChatOptions, LocalBackend, model_loader
+from localfab.tui.local_backend import ChatOptions, LocalBackend
+from localfab.tui.model_loader import model_loader
 from localfab.tui.widgets.messages import MessageView
 from tests.tui_support import wait_for
 
@@ -219,3 +220,50 @@ async def test_a_forced_tool_call_on_the_real_model(model_path, tmp_path):
         backend.close()
         history.close()
     assert call_log.read_text().startswith("add ")
+
+
+def test_the_app_loads_the_projector_given_or_found_beside_the_model(model_path, tmp_path):
+    """--mmproj's projector, or the mmproj*.gguf beside the model file, planned and loaded with
+    the model (a note says where and what an image costs); one made for another model beside it
+    leaves images off with a note, one given stops the load."""
+    import os
+    import shutil
+    import threading
+
+    from localfab.errors import LocalfabError
+    from tests.engine.test_vision import MMPROJ
+
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
+    folder = tmp_path / "model"
+    folder.mkdir()
+    try:  # the model's own file there (a link would be followed to the model's folder)
+        os.link(model_path, folder / "model.gguf")
+    except OSError:
+        shutil.copyfile(model_path, folder / "model.gguf")
+    given = MMPROJ.write_projector(tmp_path / "projector.gguf", 640)
+    other = MMPROJ.write_projector(folder / "mmproj-other.gguf", 320)
+
+    def load(**kwargs):
+        return model_loader(str(folder / "model.gguf"), paths, Config(), ctx_size=512, **kwargs)(
+            lambda progress: None, threading.Event()
+        )
+
+    seeing = load(mmproj=given)
+    assert seeing.engine.projector is not None
+    assert any(
+        n.startswith("reads images: vision projector projector.gguf") for n in seeing.info.notices
+    )
+    seeing.close()
+    blind = load()  # only the projector of another model lies beside it: not taken
+    assert getattr(blind.engine, "projector", None) is None
+    assert not any("image" in n for n in blind.info.notices)
+    blind.close()
+    MMPROJ.write_projector(folder / "mmproj-f16.gguf", 640)
+    found = load()
+    assert (
+        found.engine.projector is not None and found.engine.projector.path.name == "mmproj-f16.gguf"
+    )
+    found.close()
+    other.unlink()
+    with pytest.raises(LocalfabError, match="not a vision projector"):
+        load(mmproj=model_path)

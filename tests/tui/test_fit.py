@@ -306,7 +306,7 @@ def test_the_model_loader_plans_with_the_fit_screens_wishes(monkeypatch, tmp_pat
     from localfab import runtime
     from localfab.config import Config, Paths
     from localfab.plan import DoesNotFit, plan
-    from localfab.tui.local_backend import model_loader
+    from localfab.tui.model_loader import model_loader
 
     asked: list[Wishes] = []
 

@@ -32,9 +32,11 @@ from localfab.tui.backend import (
     ToolCallWriting,
     WindowShifted,
 )
+from localfab.tui.image_paths import command_path
 from localfab.tui.pacing import StreamingGC, cpu_share_for, max_interval_for
 from localfab.tui.reply_stream import InboxItem, ReplyFailed, ReplyStream, StreamEnd, Thought
 from localfab.tui.screens.chat_copy import CopyActions
+from localfab.tui.screens.chat_images import ImageActions
 from localfab.tui.screens.chat_parts import (
     ReplyJob,
     merge_continued,
@@ -61,7 +63,9 @@ if TYPE_CHECKING:
 WIDE = 100  # from this width the sessions panel shows unless the user hid it
 
 
-class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, CopyActions):
+class ChatScreen(
+    SessionActions, VersionActions, ThinkingActions, ToolActions, CopyActions, ImageActions
+):
     """Chat with the loaded model."""
 
     AUTO_FOCUS = "#prompt"
@@ -125,6 +129,7 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, C
         self._prompt_box: PromptBox | None = None  # found once: the frame tick reads it
         self._blink = True  # the prompt's cursor blink, held steady while a reply streams
         self._gc = StreamingGC()
+        self.attached = []  # images waiting to go with the next message (`ImageActions`)
 
     # --- layout --------------------------------------------------------------------------------
 
@@ -135,6 +140,7 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, C
                 with ChatLog(id="chat-log"):
                     yield Static(self._welcome(), id="welcome")
                 yield LoadPanel()
+                yield Static("", id="attachments", markup=False)
                 yield PromptBox(id="prompt", placeholder="Message (Enter sends, Ctrl+J new line)")
         yield StatusBar(id="status")
         yield Footer()
@@ -225,6 +231,10 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, C
             why = "the model is still loading" if self.model_loading else "no model is loaded"
             self.notify(f"Cannot send: {why}.", severity="warning")
             return
+        if (path := command_path(event.text)) is not None:  # /image PATH attaches
+            event.prompt.load_text("")
+            self.attach(path)
+            return
         if self.streaming:
             self.notify("A reply is still streaming: Esc stops it.", severity="warning")
             return
@@ -236,13 +246,14 @@ class ChatScreen(SessionActions, VersionActions, ThinkingActions, ToolActions, C
         self.new_message_sent()
         log = self.query_one("#chat-log", VerticalScroll)
         await self._drop_welcome()
-        self._user_view = ChatMessage("user", event.text)
+        images, chips = self.take_images()
+        self._user_view = ChatMessage("user", event.text, images=chips)
         self._reply = ChatMessage("assistant", status="generating")
         await log.mount_all([self._user_view, self._reply])
         self._reply.start_stream()
         backend, text = self.backend, event.text
         assert backend is not None
-        self._start_reply(lambda cancel: backend.send(text, cancel=cancel))
+        self._start_reply(lambda cancel: backend.send(text, cancel=cancel, images=images))
 
     def _start_reply(self, job: ReplyJob) -> None:
         self.streaming = True

@@ -40,7 +40,7 @@ class ChatLog(VerticalScroll):
         widgets: list[Widget] = []
         for t in shown:
             view = None
-            if (t.content or t.reasoning) and t.role != "tool":
+            if (t.content or t.reasoning or t.images) and t.role != "tool":
                 view = ChatMessage(
                     t.role,
                     t.content,
@@ -49,6 +49,7 @@ class ChatLog(VerticalScroll):
                     version=t.version,
                     versions=t.versions,
                     reasoning=t.reasoning,
+                    images=t.images,
                 )
                 widgets.append(view)
             placed.append(view)

@@ -31,6 +31,11 @@ def shift_text(turns: int, tokens: int) -> str:
     return f"{turns} {noun} ({tokens} tokens) left the window; the system prompt stayed"
 
 
+def image_chips(labels: tuple[str, ...]) -> str:
+    """Images as chips on one line ("▣ name · W×H"), their names' control characters shown."""
+    return "  ".join(f"▣ {visible_controls(label)}" for label in labels)
+
+
 class ShiftDivider(Static):
     """An inline line where old turns left the context window."""
 
@@ -137,10 +142,17 @@ class MessageView(Vertical):
     """
 
     def __init__(
-        self, role: str, text: str = "", *, status: str = "complete", reasoning: str = ""
+        self,
+        role: str,
+        text: str = "",
+        *,
+        status: str = "complete",
+        reasoning: str = "",
+        images: tuple[str, ...] = (),
     ) -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
+        self.images = images  # the chips of the images a user message carried
         self._initial = text
         # A thinking model's thought, above the answer (never in `text`, which copy copies).
         self.thought: ThoughtBlock | None = ThoughtBlock(reasoning) if reasoning else None
@@ -155,6 +167,8 @@ class MessageView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        if self.images:
+            yield Label(image_chips(self.images), classes="images", markup=False)
         if self.thought is not None:
             yield self.thought
         with Vertical(classes="body"):

@@ -20,6 +20,8 @@ from textual.document._wrapped_document import WrappedDocument
 from textual.message import Message
 from textual.widgets import TextArea
 
+from localfab.tui.image_paths import pasted_path
+
 
 class _Rows(Lines):
     """A line cut at `offsets`, each piece made when it is looked at, as `Text.divide` makes it
@@ -107,6 +109,19 @@ class PromptBox(TextArea):
         prompt: PromptBox
         text: str
 
+    @dataclass
+    class ImagePath(Message):
+        """A paste (or a file dropped on the terminal) named an image file: attach it."""
+
+        prompt: PromptBox
+        path: str
+
+    @dataclass
+    class DropLastImage(Message):
+        """Backspace in an empty box: take the last attached image off."""
+
+        prompt: PromptBox
+
     def __init__(self, **kwargs: object) -> None:
         super().__init__(
             soft_wrap=True,
@@ -178,12 +193,23 @@ class PromptBox(TextArea):
             if text.strip():
                 self.post_message(self.Submitted(self, text))
             return
+        if event.key == "backspace" and not self.text:
+            self.post_message(self.DropLastImage(self))
         if event.key in ("up", "down") and self._walking():
             event.stop()
             event.prevent_default()
             self._step(-1 if event.key == "up" else 1)
             return
         await super()._on_key(event)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        """A pasted path of an image file (what a terminal gives for a dropped file) attaches
+        the image; any other paste is text (TextArea's own handler, which runs after this one
+        unless the default is prevented)."""
+        if pasted_path(event.text) is not None:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.ImagePath(self, event.text.strip()))
 
     def _walking(self) -> bool:
         """Up/Down walk the earlier prompts in an empty box, or while one is shown unchanged."""

@@ -89,8 +89,9 @@ class ChatMessage(MessageView):
         version: int = 1,
         versions: int = 1,
         reasoning: str = "",
+        images: tuple[str, ...] = (),
     ) -> None:
-        super().__init__(role, text, status=status, reasoning=reasoning)
+        super().__init__(role, text, status=status, reasoning=reasoning, images=images)
         self.message_id = message_id
         self.version = version
         self.versions = versions
