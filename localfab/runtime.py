@@ -203,7 +203,7 @@ def find_projector(model: Path) -> Path | None:
     from localfab.gguf.facts import read_facts
     from localfab.gguf.projector import read_projector
 
-    candidates = sorted(model.parent.glob("mmproj*.gguf"))
+    candidates = sorted(model.parent.glob("*mmproj*.gguf"))
     n_embd = read_facts(model).n_embd if candidates else 0
     for candidate in candidates:
         try:

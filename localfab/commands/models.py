@@ -39,7 +39,12 @@ def _store() -> Store:
     help="Hugging Face token for gated or private repos (default: HF_TOKEN, or `hf auth login`).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def pull(model: str, name: str | None, token: str | None, quiet: bool) -> None:
+@click.option(
+    "--mmproj/--no-mmproj",
+    default=True,
+    help="Also fetch a vision model's projector (mmproj), as llama-server -hf does.",
+)
+def pull(model: str, name: str | None, token: str | None, quiet: bool, mmproj: bool) -> None:
     """Download MODEL: a catalog name, OWNER/REPO[:QUANT] or a Hugging Face URL.
 
     \b
@@ -61,7 +66,7 @@ def pull(model: str, name: str | None, token: str | None, quiet: bool) -> None:
     bar = ProgressLine(enabled=not quiet)
     try:
         result = Hub(HubConfig.from_env(token=token)).pull(
-            model, store=store, name=name, progress=bar
+            model, store=store, name=name, progress=bar, projector=mmproj
         )
     finally:
         bar.close()
@@ -77,6 +82,8 @@ def pull(model: str, name: str | None, token: str | None, quiet: bool) -> None:
         + f" ({check}{resumed})"
     )
     click.echo(f"  {entry.path}")
+    if entry.projector is not None:
+        click.echo(f"  reads images: its vision projector {entry.projector.name} came with it")
     click.echo(f'  run it: localfab run {entry.name} "Hello"')
 
 
@@ -111,7 +118,7 @@ def list_models(as_json: bool, show_catalog: bool, no_fit: bool) -> None:
                     e.name,
                     size,
                     e.quant or "-",
-                    e.arch or "-",
+                    (e.arch or "-") + (" vision" if e.vision else ""),
                     fits.get(e.name) or "-",
                     human_age(e.last_used),
                 )
@@ -146,6 +153,7 @@ def _list_catalog(store: Store, *, as_json: bool) -> None:
                 "license": c.license,
                 "context_length": c.context_length,
                 "note": c.note,
+                "vision": c.vision,
                 "downloaded": (c.repo, c.files[0]) in have,
             }
             for c in catalog
@@ -163,7 +171,7 @@ def _list_catalog(store: Store, *, as_json: bool) -> None:
                 format_context(c.context_length),
                 c.license,
                 here,
-                c.note,
+                ("[vision] " if c.vision else "") + c.note,
             )
         )
     _table(rows)
@@ -210,6 +218,8 @@ def _entry_json(e: ModelEntry, fit: str | None) -> dict[str, Any]:
         "fit": fit,
         "added": e.added,
         "last_used": e.last_used,
+        "projector": str(e.projector) if e.projector else None,
+        "vision": e.vision,
     }
 
 
@@ -272,6 +282,9 @@ def _entry_lines(entry: ModelEntry | None, name: str, path: Path) -> list[tuple[
         ("quant", entry.quant or "-"),
         ("source", entry.source + (f" ({entry.repo})" if entry.repo else "")),
     ]
+    if entry.projector is not None:
+        state = "reads images" if entry.vision else "missing"
+        lines.append(("vision", f"{state}: projector {entry.projector}"))
     if entry.revision:
         lines.append(("revision", entry.revision))
     if entry.sha256 and any(entry.sha256):

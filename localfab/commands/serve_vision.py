@@ -27,6 +27,11 @@ def vision_options(f: F) -> F:
         help="Folder that file:// image URLs in requests may read (nothing outside it).",
     )(f)
     f = click.option(
+        "--no-mmproj",
+        is_flag=True,
+        help="Do not load the vision projector found beside the model.",
+    )(f)
+    f = click.option(
         "--mmproj-offload/--no-mmproj-offload",
         default=True,
         help="Run the vision projector on the GPU (where there is one).",
@@ -61,14 +66,25 @@ def finish_load(loaded: Any, options: dict[str, Any]) -> None:
         raise
 
 
-def plan_vision(
-    choice: ModelChoice | None, path: Path | None, offload: bool
-) -> ProjectorPlan | None:
-    """The projector planned beside the chosen model (before it loads); UsageError, in one
-    line, for a file that is no projector or a projector that fits nowhere."""
-    if path is None or choice is None:
+def plan_vision(choice: ModelChoice, options: dict[str, Any]) -> ProjectorPlan | None:
+    """The projector (--mmproj, else the one beside the model unless --no-mmproj) planned
+    beside the chosen model before it loads; UsageError, in one line, for a file given that is
+    no projector or fits nowhere (one found that cannot be used is left out, with a warning)."""
+    from localfab.runtime import find_projector
+
+    given = options["mmproj"]
+    path = given or (None if options.get("no_mmproj") else find_projector(choice.path))
+    if path is None:
         return None
-    return choice.place_projector(path, offload=offload)
+    try:
+        placed = choice.place_projector(path, offload=options["mmproj_offload"])
+    except UsageError as exc:
+        if given is not None:
+            raise
+        click.echo(f"localfab: warning: images off: {exc}", err=True)
+        return None
+    options["mmproj"] = path
+    return placed
 
 
 def attach_vision(loaded: Any, options: dict[str, Any]) -> str | None:
@@ -94,6 +110,10 @@ def run_images(
     """`run --image FILE ... --mmproj FILE`: the projector attached to the loaded model, and
     the images' bytes (UsageError, in one line, for what cannot be used)."""
     paths, projector = flags["images"], flags["mmproj"]
+    if projector is None and paths and choice is not None:
+        from localfab.runtime import find_projector
+
+        projector = find_projector(choice.path)  # the one beside the model
     if projector is None:
         if paths:
             raise UsageError("--image needs the model's vision projector: add --mmproj FILE")
@@ -104,7 +124,7 @@ def run_images(
         raise UsageError("--mmproj is for a model loaded here, not for --remote")
     from localfab.engine.vision import attach_projector
 
-    placed = plan_vision(choice, Path(projector), offload=True)
+    placed = choice.place_projector(Path(projector)) if choice is not None else None
     attach_projector(loaded.engine, projector, use_gpu=placed is None or placed.use_gpu)
     images = []
     for path in paths:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localfab.hub.errors import file_metadata, hub_error
-from localfab.hub.files import FileMeta, RemoteFile, ResolvedModel, pick_files
+from localfab.hub.files import FileMeta, RemoteFile, ResolvedModel, pick_files, pick_projector
 from localfab.hub.refs import DEFAULT_REVISION, HubConfig, ModelRef, parse_ref
 from localfab.store import Store, default_name, quant_from_name, validate_name
 from localfab.store.catalog import SPLIT_RE
@@ -71,25 +71,34 @@ class Hub:
         self._meta[(repo, file, revision)] = result
         return result
 
-    def resolve(self, ref: ModelRef | str, *, name: str | None = None) -> ResolvedModel:
-        """The file(s) `ref` means: an exact file (with split siblings) or the quant's file(s)."""
+    def resolve(
+        self, ref: ModelRef | str, *, name: str | None = None, projector: bool = True
+    ) -> ResolvedModel:
+        """The file(s) `ref` means: an exact file (with split siblings) or the quant's file(s);
+        with `projector`, also the repo's vision projector for it (`pick_projector`), where the
+        repo is listed anyway or the catalog says the model reads images."""
         ref = parse_ref(ref) if isinstance(ref, str) else ref
+        listing: list[RemoteFile] | None = None
         if ref.file is not None and not SPLIT_RE.match(ref.file.split("/")[-1]):
             # One known file: a HEAD gives size and checksum; no listing needed.
             meta = self.metadata(ref.repo, ref.file, revision=ref.revision)
             files: tuple[RemoteFile, ...] = (RemoteFile(ref.file, meta.size, meta.sha256),)
             quant = quant_from_name(ref.file) or ref.quant
+            if projector and ref.catalog is not None and ref.catalog.vision:
+                listing = list(self.list_files(ref.repo, revision=ref.revision))
         else:
-            listing = self.list_files(ref.repo, revision=ref.revision)
+            listing = list(self.list_files(ref.repo, revision=ref.revision))
             files = pick_files(ref, listing, self.config)
             quant = quant_from_name(files[0].path) or ref.wanted_quant
         model_name = name or ref.name or default_name(Path(files[0].path.split("/")[-1]))
+        seeing = pick_projector(files[0].path, listing) if projector and listing else None
         return ResolvedModel(
             repo=ref.repo,
             revision=ref.revision,
             quant=quant,
             files=files,
             name=validate_name(model_name),
+            projector=seeing,
         )
 
     def pull(
@@ -99,14 +108,18 @@ class Hub:
         store: Store,
         name: str | None = None,
         progress: ProgressCallback | None = None,
+        projector: bool = True,
     ) -> PullResult:
-        """Download (or resume) the model's files, verify them, then register it in `store`."""
+        """Download (or resume) the model's files (and its vision projector, unless not
+        `projector`), verify them, then register it in `store`."""
         from localfab.hub import download
 
         ref = parse_ref(ref) if isinstance(ref, str) else ref
         if name is not None:
             validate_name(name)
-        return download.pull(self.for_ref(ref), ref, store=store, name=name, progress=progress)
+        return download.pull(
+            self.for_ref(ref), ref, store=store, name=name, progress=progress, projector=projector
+        )
 
     def range_source(
         self,

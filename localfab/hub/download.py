@@ -34,7 +34,9 @@ class HubAccess(Protocol):
 
     config: HubConfig
 
-    def resolve(self, ref: ModelRef | str, *, name: str | None = None) -> ResolvedModel: ...
+    def resolve(
+        self, ref: ModelRef | str, *, name: str | None = None, projector: bool = True
+    ) -> ResolvedModel: ...
 
     def metadata(self, repo: str, file: str, *, revision: str = DEFAULT_REVISION) -> FileMeta: ...
 
@@ -129,13 +131,15 @@ def pull(
     store: Store,
     name: str | None,
     progress: ProgressCallback | None,
+    projector: bool = True,
 ) -> PullResult:
-    """Download (or resume) the model's files, verify them, then register it in `store`."""
+    """Download (or resume) the model's files (and its vision projector, `projector`), verify
+    them, then register it in `store`."""
     have = already_registered(store, ref, name)
-    if have is not None:
+    if have is not None and (have.projector is not None or not _wants_projector(ref, projector)):
         return _already_present(ref, have)
 
-    resolved = hub.resolve(ref, name=name)
+    resolved = hub.resolve(ref, name=name, projector=projector)
     existing = store.get(resolved.name)
     first = store.download_path(resolved.repo, resolved.files[0].path)
     if existing is not None and existing.path != first:
@@ -143,14 +147,11 @@ def pull(
             f"the name {resolved.name!r} is taken by {existing.path}: pull with --name "
             f"NEW_NAME, or `localfab rm {resolved.name}` first"
         )
-    metas = [
-        hub.metadata(resolved.repo, f.path, revision=resolved.revision) for f in resolved.files
-    ]
+    fetched = (*resolved.files, *([resolved.projector] if resolved.projector else []))
+    metas = [hub.metadata(resolved.repo, f.path, revision=resolved.revision) for f in fetched]
     # Pin every part to the commit the first HEAD saw, so parts cannot mix revisions.
     commit = metas[0].commit or resolved.revision
-    plan = [
-        FilePlan.make(store, resolved, f, m) for f, m in zip(resolved.files, metas, strict=True)
-    ]
+    plan = [FilePlan.make(store, resolved, f, m) for f, m in zip(fetched, metas, strict=True)]
     check_disk(store, resolved, plan)
 
     fetcher = _Fetcher(hub, Tracker(progress, plan), commit)
@@ -161,13 +162,15 @@ def pull(
             if not _have_verified(item, fetcher.tracker):
                 downloaded += fetcher.fetch(item)
         fetcher.tracker.finish_file(index)
+    parts = plan[: len(resolved.files)]
     entry = store.register_download(
         resolved.name,
-        [item.final for item in plan],
+        [item.final for item in parts],
         repo=resolved.repo,
         revision=commit,
-        sha256=[item.expected or "" for item in plan],
+        sha256=[item.expected or "" for item in parts],
         quant=resolved.quant,
+        projector=plan[-1].final if resolved.projector is not None else None,
     )
     return PullResult(
         entry=entry,
@@ -177,6 +180,11 @@ def pull(
         already_present=downloaded == 0 and not any(item.resume for item in plan),
         verified=all(item.expected for item in plan),
     )
+
+
+def _wants_projector(ref: ModelRef, projector: bool) -> bool:
+    """Whether a pull of `ref` looks for a projector (a catalog model that reads images)."""
+    return projector and ref.catalog is not None and ref.catalog.vision
 
 
 def _already_present(ref: ModelRef, have: ModelEntry) -> PullResult:

@@ -37,11 +37,12 @@ class ResolvedModel:
     quant: str | None
     files: tuple[RemoteFile, ...]
     name: str
+    projector: RemoteFile | None = None  # the vision projector fetched with it, if any
 
     @property
     def total_size(self) -> int | None:
         total = 0
-        for f in self.files:
+        for f in (*self.files, *([self.projector] if self.projector else [])):
             if f.size is None:
                 return None
             total += f.size
@@ -101,6 +102,35 @@ def pick_files(
     # Prefer files at the top of the repo, then the shortest (most plain) name.
     best = sorted(groups.values(), key=lambda g: (g[0].path.count("/"), len(g[0].path), g[0].path))
     return _complete_parts(best[0], ref.repo)
+
+
+def pick_projector(model: str, listing: Sequence[RemoteFile]) -> RemoteFile | None:
+    """The vision projector to fetch with the model file `model`, as llama-server's `-hf` picks
+    it (common/download.cpp, `find_best_sibling`): a .gguf whose name holds "mmproj", in the
+    model's folder or one above it, the deepest such folder first, then the quant whose bits
+    are closest to the model's (a Q4_K_M model gets a Q8_0 projector before an F16 one)."""
+    model_dir = model.split("/")[:-1]
+    model_bits = _quant_bits(model)
+    best: tuple[int, int] | None = None
+    chosen: RemoteFile | None = None
+    for f in listing:
+        if not f.path.lower().endswith(".gguf") or "mmproj" not in f.path.lower():
+            continue
+        folder = f.path.split("/")[:-1]
+        if folder != model_dir[: len(folder)]:
+            continue  # not in the model's folder or above it
+        safe_file_name(f.path)
+        key = (-len(folder), abs(_quant_bits(f.path) - model_bits))
+        if best is None or key < best:
+            best, chosen = key, f
+    return chosen
+
+
+def _quant_bits(path: str) -> int:
+    """The bits of a file's quant (Q4_K_M: 4, F16: 16); 0 when its name says none."""
+    quant = quant_from_name(path.split("/")[-1]) or ""
+    digits = re.search(r"\d+", quant)
+    return int(digits.group()) if digits else 0
 
 
 def _pick_exact(

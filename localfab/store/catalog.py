@@ -56,7 +56,7 @@ _REQUIRED: dict[str, type] = {
     "context_length": int,
     "note": str,
 }
-_OPTIONAL: dict[str, type] = {"aliases": list}
+_OPTIONAL: dict[str, type] = {"aliases": list, "vision": bool}
 
 
 class CatalogError(LocalfabError):
@@ -78,6 +78,7 @@ class CatalogEntry:
     context_length: int
     note: str
     aliases: tuple[str, ...] = ()
+    vision: bool = False  # reads images: `pull` also fetches the repo's projector (mmproj)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -229,4 +230,5 @@ def _entry(item: Any, index: int, source: str) -> CatalogEntry:
         context_length=item["context_length"],
         note=item["note"],
         aliases=tuple(item.get("aliases", ())),
+        vision=bool(item.get("vision", False)),
     )

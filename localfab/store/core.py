@@ -166,8 +166,10 @@ class Store:
         revision: str | None,
         sha256: Sequence[str],
         quant: str | None = None,
+        projector: Path | None = None,
     ) -> ModelEntry:
-        """Register files that `hub` downloaded into this store and verified."""
+        """Register files that `hub` downloaded into this store and verified (`projector`:
+        the model's vision projector, downloaded with it)."""
         paths = tuple(Path(f) for f in files)
         if not paths:
             raise ValueError("register_download needs at least one file")
@@ -187,6 +189,7 @@ class Store:
             revision=revision,
             sha256=tuple(sha256),
             added=time.time(),
+            projector=projector,
         )
         return self._put(entry)
 
@@ -228,21 +231,21 @@ class Store:
             return RemovedModel(name=key, deleted=(), kept=(), bytes_freed=0)
         if not entry.owned:
             return RemovedModel(name=entry.name, deleted=(), kept=entry.files, bytes_freed=0)
-        still_used = {p for e in self._entries(models).values() for p in e.files}
+        still_used = {p for e in self._entries(models).values() for p in e.owned_files}
         return self._delete_files(entry, still_used=still_used)
 
     def _delete_files(self, entry: ModelEntry, *, still_used: set[Path]) -> RemovedModel:
         deleted: list[Path] = []
         freed = 0
         store_root = self.models_dir.resolve()
-        for file in entry.files:
+        for file in entry.owned_files:
             if file in still_used or not file.resolve().is_relative_to(store_root):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 freed += file.stat().st_size
                 file.unlink()
                 deleted.append(file)
-        for folder in {f.parent for f in entry.files}:
+        for folder in {f.parent for f in entry.owned_files}:
             remove_if_empty(folder)
         return RemovedModel(name=entry.name, deleted=tuple(deleted), kept=(), bytes_freed=freed)
 

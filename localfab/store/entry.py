@@ -32,7 +32,18 @@ class ModelEntry:
     sha256: tuple[str, ...] = ()
     added: float | None = None
     last_used: float | None = None
+    projector: Path | None = None  # its vision projector (mmproj), fetched with it
     present: bool = field(default=True, compare=False)
+
+    @property
+    def owned_files(self) -> tuple[Path, ...]:
+        """The model's files and its projector's (what `remove` deletes, if owned)."""
+        return (*self.files, *([self.projector] if self.projector else []))
+
+    @property
+    def vision(self) -> bool:
+        """Whether it reads images: its projector came with it and is there."""
+        return self.projector is not None and self.projector.is_file()
 
     @property
     def owned(self) -> bool:
@@ -52,6 +63,7 @@ class ModelEntry:
             "sha256": list(self.sha256),
             "added": self.added,
             "last_used": self.last_used,
+            **({"projector": str(self.projector)} if self.projector else {}),
         }
 
     @classmethod
@@ -89,6 +101,7 @@ class ModelEntry:
             sha256=tuple(sha256),
             added=_json_field(data, "added", float),
             last_used=_json_field(data, "last_used", float),
+            projector=_json_path(data["projector"], "projector") if data.get("projector") else None,
         )
 
 
