@@ -28,17 +28,30 @@ if TYPE_CHECKING:
 def image_message(
     text: str, images: Sequence[bytes], engine: Any, tokenize: Callable[[str], list[int]]
 ) -> tuple[str, list[int]]:
-    """The message's content (markers, then `text`) and its tokens (each image's, then the
-    text's as plain text). A LocalfabError, in one line, when the model reads no images or
-    one is bad."""
+    """The message's content and its tokens: where `text` names the images by the projector's
+    marker (`<__media__>`, once per image, as llama.cpp's mtmd tools take a prompt), each image
+    in its marker's place; otherwise the markers, one per line, then `text`. A LocalfabError,
+    in one line, when the model reads no images, one is bad, or the markers do not match."""
     projector = getattr(engine, "projector", None)
     if projector is None:
         raise UsageError("this model reads no images: give its vision projector (--mmproj FILE)")
+    marker = projector.marker
+    if marker in text:
+        pieces = text.split(marker)
+        if len(pieces) - 1 != len(images):
+            raise UsageError(
+                f"the prompt names {len(pieces) - 1} image(s) ({marker}) but {len(images)} "
+                "were given: one image per marker, in order"
+            )
+        tokens: list[int] = []
+        for piece, data in zip(pieces, images, strict=False):
+            tokens += (tokenize(piece) if piece else []) + projector.image_tokens(data)
+        return text, tokens + (tokenize(pieces[-1]) if pieces[-1] else [])
     content, tokens = "", []
     newline = tokenize("\n")
     for data in images:
         tokens += projector.image_tokens(data) + newline
-        content += projector.marker + "\n"
+        content += marker + "\n"
     return content + text, tokens + tokenize(text)
 
 

@@ -123,3 +123,23 @@ def test_export_and_import_carry_the_images(tmp_path: Path) -> None:
         import_json(other, json.dumps(bad))
     history.close()
     other.close()
+
+
+def test_images_go_where_the_message_names_them() -> None:
+    from localfab.chat.images import image_message
+    from tests.fake_engine import FakeEngine, FakeProjector
+
+    engine = FakeEngine(projector=FakeProjector())
+
+    def plain(text: str) -> list[int]:
+        return engine.tokenize(text, add_special=False)
+
+    content, tokens = image_message("A <__media__> then B", [NOISE], engine, plain)
+    ids = [t for t in tokens if t < 0]
+    assert content == "A <__media__> then B" and len(ids) == 4
+    start = tokens.index(ids[0])
+    assert tokens[:start] == plain("A ") and tokens[start + 4 :] == plain(" then B")
+    content, tokens = image_message("What is it?", [NOISE], engine, plain)
+    assert content == "<__media__>\nWhat is it?" and tokens[:4] == ids  # before the text
+    with pytest.raises(UsageError, match="names 2 image"):
+        image_message("<__media__> or <__media__>", [NOISE], engine, plain)

@@ -118,3 +118,23 @@ def test_run_finds_the_projector_beside_the_model(
     proc = lf([*args, "--image", str(image)], lf_env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["usage"]["prompt_tokens"] > MMPROJ.IMAGE_TOKENS
+
+
+def test_run_places_images_where_the_prompt_names_them(
+    model_path: Path, projector: Path, tmp_path: Path, lf_env: dict[str, str]
+) -> None:
+    """As llama.cpp's mtmd tools: each <__media__> in the prompt is the next --image."""
+    first, second = tmp_path / "a.png", tmp_path / "b.png"
+    first.write_bytes(NOISE)
+    second.write_bytes(BLUE)
+    images = ["--mmproj", str(projector), "--image", str(first), "--image", str(second)]
+    base = ["run", str(model_path), "-n", "2", "--json", "--temperature", "0"]
+    named = lf([*base, "Is <__media__> darker than <__media__>?", *images], lf_env)
+    assert named.returncode == 0, named.stderr
+    before = lf([*base, "Is darker than ?", *images], lf_env)
+    # The same images and words: as many tokens, the images only placed elsewhere.
+    usage = json.loads(named.stdout)["usage"]["prompt_tokens"]
+    assert abs(usage - json.loads(before.stdout)["usage"]["prompt_tokens"]) <= 4
+    wrong = lf([*base, "Is <__media__> dark?", *images], lf_env)
+    assert wrong.returncode != 0
+    assert "names 1 image(s) (<__media__>) but 2 were given" in wrong.stderr
