@@ -267,3 +267,43 @@ def test_the_app_loads_the_projector_given_or_found_beside_the_model(model_path,
     other.unlink()
     with pytest.raises(LocalfabError, match="not a vision projector"):
         load(mmproj=model_path)
+
+
+@pytest.mark.anyio
+async def test_a_chat_with_an_image_on_the_real_model(model_path, tmp_path):
+    """The app on the test model with the synthetic projector: an image attached by /image
+    goes with the message (encoded once), the reply comes, the next turn does not encode it
+    again, and the chat holds it when reopened."""
+    from tests.engine.test_vision import MMPROJ, NOISE
+
+    projector = MMPROJ.write_projector(tmp_path / "mmproj.gguf", 640)
+    image = tmp_path / "noise.png"
+    image.write_bytes(NOISE)
+    paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
+    history = History(paths.sessions_db)
+    loader = model_loader(str(model_path), paths, Config(), ctx_size=1024, mmproj=projector)
+    backend = LocalBackend(loader, history, model_path.name, ChatOptions(max_tokens=8))
+    app = make_app(AppDeps(backend=backend, history=history, model_name=model_path.name))
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.screen_stack and app.chat.loaded, seconds=300)
+            chat = app.chat
+            assert backend.reads_images()
+            box = chat.query_one("#prompt")
+            box.insert(f"/image {image}")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(chat.attached) == 1)
+            box.insert("What is in the picture?")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: chat.replies_finished == 1, seconds=300)
+            seeing = backend._loaded.engine.projector  # noqa: SLF001
+            assert seeing.n_encoded == 1
+            box.insert("And its colours?")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: chat.replies_finished == 2, seconds=300)
+            assert seeing.n_encoded == 1  # the image's cells were kept for the next turn
+            (first, *_) = history.messages(backend.session_id)
+            assert first.content == "What is in the picture?" and "noise.png" in first.images
+    finally:
+        backend.close()
+        history.close()
