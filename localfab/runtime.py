@@ -191,6 +191,11 @@ class ModelChoice:
             facts = read_projector(path)
         except LocalfabError as exc:
             raise UsageError(f"--mmproj: {exc}") from exc
+        if facts.grid_positions:
+            raise UsageError(
+                f"{path.name} is a {facts.projector_type} projector, which places images on a "
+                "grid of positions (M-RoPE): not supported yet"
+            )
         placed = plan_projector(self.plan, facts, self.machine, name=path.name, offload=offload)
         if not placed.fits:
             raise UsageError(placed.describe())
@@ -198,20 +203,24 @@ class ModelChoice:
 
 
 def find_projector(model: Path) -> Path | None:
-    """The vision projector beside a model file: an `mmproj*.gguf` in its folder (where
-    `pull` puts a repository's) made for a model of its embedding size; None when none is."""
+    """The vision projector beside a model file: a `*mmproj*.gguf` in its folder (where `pull`
+    puts a repository's) made for a model of its embedding size (or saying none), the one
+    whose quant is closest to the model's first (as `pull` picks); None when none is."""
     from localfab.gguf.facts import read_facts
     from localfab.gguf.projector import read_projector
+    from localfab.hub.files import RemoteFile, pick_projector
 
     candidates = sorted(model.parent.glob("*mmproj*.gguf"))
     n_embd = read_facts(model).n_embd if candidates else 0
+    usable = []
     for candidate in candidates:
         try:
-            if read_projector(candidate).projection_dim == n_embd:
-                return candidate
+            if read_projector(candidate).projection_dim in (n_embd, 0):
+                usable.append(RemoteFile(candidate.name, None, None))
         except (LocalfabError, OSError):
             continue
-    return None
+    best = pick_projector(model.name, usable)
+    return model.parent / best.path if best is not None else None
 
 
 def choose_model(

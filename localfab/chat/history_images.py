@@ -2,8 +2,9 @@
 database, and what a message says of its images (JSON in its `images` column).
 
 The same image in several messages or chats is one file. A file stays while a message names
-it, and for as long as a deleted chat may still come back in the app that deleted it (undo);
-`ImageStore.prune` removes the rest when the history is opened next.
+it; `ImageStore.prune`, when the history is opened, removes the others once they are an hour
+old (a deleted chat's images may still come back with an undo meanwhile, and another process
+may be between storing an image and writing its message).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from pathlib import Path
 from localfab.engine.image_header import image_size
 from localfab.errors import UsageError
 
-# A write cut short leaves its temporary file; one this old is nobody's write any more.
-INCOMING_GRACE_S = 3600.0
+# A file no message names is left this long after it was last written or stored again: another
+# process sharing the history may be between storing it and writing its message, or about to
+# undo the deletion of its chat (a write cut short leaves a temporary file: also this long).
+GRACE_S = 3600.0
 
 
 def _older_than(path: Path, seconds: float) -> bool:
@@ -105,7 +108,10 @@ class ImageStore:
             raise UsageError(f"{image.name}: {exc}") from exc
         sha = hashlib.sha256(image.data).hexdigest()
         path = self._file(sha)
-        if not path.exists():
+        if path.exists():
+            with contextlib.suppress(OSError):
+                os.utime(path)  # just used again: a prune elsewhere leaves it its grace
+        else:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".incoming-")
             try:
@@ -139,10 +145,9 @@ class ImageStore:
         for path in entries:
             if path.name in named:
                 continue
-            incoming = path.name.startswith(".incoming-")
-            if incoming and not _older_than(path, INCOMING_GRACE_S):
-                continue  # another process may be writing it now
-            if len(path.name) == 64 or incoming:
+            if not _older_than(path, GRACE_S):
+                continue  # another process may be writing it, or about to name it
+            if len(path.name) == 64 or path.name.startswith(".incoming-"):
                 with contextlib.suppress(OSError):
                     path.unlink()
                     removed += 1

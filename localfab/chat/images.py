@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from localfab.chat.history_images import Attachment, refs_from, refs_json
 from localfab.engine.image_ids import index_in_image
-from localfab.errors import UsageError
+from localfab.errors import LocalfabError, UsageError
 
 if TYPE_CHECKING:
     from localfab.chat.history import History
@@ -99,7 +99,11 @@ def restore_images(
         if m.role != "user" or not m.images:
             continue
         images = [d for r in refs_from(m.images) if (d := history.images.get(r)) is not None]
-        if images:
+        if not images:
+            continue
+        try:
             content, pinned = image_message(m.content, images, engine, tokenize)
-            messages[i]["content"] = content
-            pins[i] = (content, tuple(pinned))
+        except LocalfabError:  # an image gone from the store: the message stays text
+            continue
+        messages[i]["content"] = content
+        pins[i] = (content, tuple(pinned))

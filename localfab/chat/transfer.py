@@ -144,8 +144,12 @@ def _export_images(history: History, column: str) -> list[dict[str, Any]]:
 def _import_images(history: History, m: dict[str, Any], i: int) -> str:
     """An imported message's images, put in the history's store ("" for none)."""
     given = m.get("images") or []
-    if not isinstance(given, list) or len(given) > MOST_IMAGES:
+    if not isinstance(given, list):
         raise UsageError(f"message {i + 1} of the chat export has images that are not a list")
+    if len(given) > MOST_IMAGES:
+        raise UsageError(
+            f"message {i + 1} of the chat export has {len(given)} images, more than {MOST_IMAGES}"
+        )
     found = []
     for image in given:
         try:

@@ -237,6 +237,8 @@ def _reported(lines: Sequence[str]) -> tuple[int, int]:
     ("model size: 0.48 MiB", "CPU compute buffer size = 0.23 MiB"); 0 where not logged."""
     weights = compute = 0.0
     for line in lines:
+        if "flash attention not supported" in line:
+            compute = 0.0  # reserved again without it: the second reservation is the one kept
         found = re.search(r"model size:\s+([\d.]+) MiB", line)
         if found:
             weights = float(found.group(1))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from localfab.errors import HubError
+from localfab.errors import HubError, UsageError
 from localfab.hub.refs import HubConfig, ModelRef
 from localfab.store import quant_from_name, safe_file_name
 from localfab.store.catalog import SPLIT_RE
@@ -119,7 +119,10 @@ def pick_projector(model: str, listing: Sequence[RemoteFile]) -> RemoteFile | No
         folder = f.path.split("/")[:-1]
         if folder != model_dir[: len(folder)]:
             continue  # not in the model's folder or above it
-        safe_file_name(f.path)
+        try:
+            safe_file_name(f.path)
+        except UsageError:
+            continue  # a name no file here may have: not this one
         key = (-len(folder), abs(_quant_bits(f.path) - model_bits))
         if best is None or key < best:
             best, chosen = key, f

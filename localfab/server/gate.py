@@ -41,6 +41,8 @@ READ_ONLY = frozenset(
         ("GET", p)
         for p in ("/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics", "/slots")
     }
+    # Resumable streams read and stop what is kept: no model needed (as llama-server).
+    | {("GET", "/v1/stream"), ("DELETE", "/v1/stream"), ("POST", "/v1/streams/lookup")}
 )
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 

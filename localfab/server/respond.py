@@ -125,8 +125,11 @@ async def respond(
     batch = _Batch(server, results)
     for res in results:
         server.worker.submit(res.job)
-    if not (gen.stream and streams.conv_id(request)):  # else the reply outlives its client
+    kept = getattr(request.state, "stream_session", None) if gen.stream else None
+    if kept is None:
         batch.watcher = asyncio.create_task(watch_disconnect(request, batch.on_disconnect))
+    else:  # a resumable stream: it outlives its client, and ends with the Stop
+        batch.watcher = asyncio.create_task(streams.on_stop(kept, batch.on_disconnect))
     try:
         first = await results[0].channel.get()
     except BaseException:

@@ -26,8 +26,14 @@ from starlette.responses import Response
 
 from localfab.server.errors import ApiError
 from localfab.server.plumbing import EventStream, json_response, read_json
+from localfab.server.shapes import sse
 
 HEADER = "x-conversation-id"
+LOST = {
+    "code": 400,
+    "message": "Stream offset lost, please restart",
+    "type": "invalid_request_error",
+}
 MAX_BYTES = 4 * 1024 * 1024  # the events a session keeps (older ones are dropped)
 TTL_SECONDS = 300  # how long a finished session stays readable
 WAKE_SECONDS = 0.2  # a waiting reader looks at its client this often
@@ -51,6 +57,8 @@ class Session:
         self.done = False
         self.cancelled = False
         self.producer: asyncio.Task[None] | None = None
+        self.stopped = asyncio.Event()  # the Stop (or a newer request) came
+        self.reply_closed = False  # the reply it keeps was closed (its jobs ended)
         self._wake = asyncio.Event()
 
     @property
@@ -76,6 +84,7 @@ class Session:
     def cancel(self) -> None:
         """The Stop: the producer is cancelled (and with it the reply), readers end."""
         self.cancelled = True
+        self.stopped.set()
         if self.producer is not None and not self.producer.done():
             self.producer.cancel()
         self.finish()
@@ -86,8 +95,12 @@ class Session:
 
     async def read(self, offset: int, gone: Callable[[], bool]) -> AsyncIterator[bytes]:
         """The events from byte `offset` on: what is kept, then what comes until the reply
-        ends (or the reader's client is `gone`, or the offset fell out of what is kept)."""
-        while not gone() and offset >= self.dropped:
+        ends (or the reader's client is `gone`); a reader that fell more than the kept bytes
+        behind gets an error event, not a stream cut mid-event."""
+        while not gone():
+            if offset < self.dropped:
+                yield sse({"error": LOST})
+                return
             if offset < self.total:
                 chunk = bytes(self.buffer[offset - self.dropped :])
                 offset += len(chunk)
@@ -129,6 +142,12 @@ class Sessions:
         if session is not None:
             session.cancel()
 
+    def forget(self, session: Session) -> None:
+        """Drop a session that will hold nothing (its request failed or answered whole)."""
+        if self.sessions.get(session.conversation_id) is session:
+            del self.sessions[session.conversation_id]
+        session.finish()
+
     def lookup(self, ids: list[str]) -> list[Session]:
         """The sessions of the ids asked for: each id itself and its `ID::model` variants."""
         self._expire()
@@ -155,6 +174,12 @@ class Sessions:
 S = TypeVar("S", bound=Server)
 
 
+async def on_stop(session: Session, stop: Callable[[], None]) -> None:
+    """Call `stop` once the session's Stop comes (or a newer request replaces it)."""
+    await session.stopped.wait()
+    stop()
+
+
 def detaching(
     handler: Callable[[S, Request], Awaitable[Response]],
 ) -> Callable[[S, Request], Awaitable[Response]]:
@@ -165,15 +190,36 @@ def detaching(
         name = conv_id(request)
         if not name:
             return await handler(server, request)
-        server.streams.stop(name)  # as llama-server: a new request replaces the reply before
-        response = await handler(server, request)
-        if not isinstance(response, EventStream):
-            return response
+        # As llama-server: the session is there from the start (a new request under the id
+        # replaces the one before at once; a Stop while the prompt is processed stops it).
         session = server.streams.create(name)
+        request.state.stream_session = session
+        try:
+            response = await handler(server, request)
+        except BaseException:
+            server.streams.forget(session)
+            raise
+        if not isinstance(response, EventStream):
+            server.streams.forget(session)  # an error or a whole answer: nothing to resume
+            return response
+        if session.cancelled:  # stopped before its first event
+            await response.on_close()
+            return Response(status_code=204)
         session.producer = asyncio.create_task(_produce(server, session, response))
+        session.producer.add_done_callback(
+            lambda task: _closed_if_cancelled(task, session, response)
+        )
         return reader(request, session, 0)
 
     return endpoint
+
+
+def _closed_if_cancelled(task: asyncio.Task[None], session: Session, response: EventStream) -> None:
+    """A producer cancelled before it ran never closed its reply: close it now (cancelling
+    the reply's jobs)."""
+    if task.cancelled() and not session.reply_closed:
+        session.reply_closed = True
+        asyncio.ensure_future(response.on_close())
 
 
 async def _produce(server: Server, session: Session, response: EventStream) -> None:
@@ -187,6 +233,7 @@ async def _produce(server: Server, session: Session, response: EventStream) -> N
             session.append(chunk)
     finally:
         session.finish()
+        session.reply_closed = True
         with contextlib.suppress(Exception):
             await response.on_close()
         with worker.sleep_lock:
@@ -227,7 +274,7 @@ async def stream_get(server: Server, request: Request) -> Response:
     if session is None:
         raise ApiError("Stream not found or expired", "not_found_error")
     start = request.query_params.get("from", "")
-    if start and not start.isdigit():
+    if start and not (start.isascii() and start.isdigit()):
         raise ApiError("Invalid 'from' offset")
     offset = int(start or 0)
     if offset < session.dropped:

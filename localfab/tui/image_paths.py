@@ -24,13 +24,18 @@ def pasted_path(text: str) -> Path | None:
     text = text.strip()
     if not text or "\n" in text or len(text) > 4096:
         return None
-    path = _one_path(text)
-    if path is None or path.suffix.lower() not in SUFFIXES:
+    if not text.rstrip("'\"").lower().endswith(SUFFIXES):
+        return None  # most pastes are text: nothing on disk is looked at for them
+    try:
+        path = _one_path(text)
+        return path if path is not None and path.is_file() else None
+    except (OSError, RuntimeError, ValueError):  # a name too long, ~nobody, a NUL byte
         return None
-    return path if path.is_file() else None
 
 
 def _one_path(text: str) -> Path | None:
+    """The path a text names: as it is, shell-quoted, or a file:// URL (OSError, RuntimeError
+    or ValueError for one the system cannot look at)."""
     if text.startswith("file://"):
         return Path(unquote(urlsplit(text).path))
     raw = Path(text).expanduser()
@@ -54,18 +59,21 @@ def command_path(text: str) -> str | None:
 def read_image(given: str) -> tuple[Attachment, str]:
     """An image file as an attachment and its chip's label; UsageError, in one line, for a
     path that is not there or not an image."""
-    path = _one_path(given.strip()) if given.strip() else None
+    try:
+        path = _one_path(given.strip()) if given.strip() else None
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise UsageError(f"cannot read {given.strip()}: {exc}") from exc
     if path is None:
         raise UsageError("give the image's path: /image PATH")
     try:
-        size = path.stat().st_size
-        if size > MAX_IMAGE_BYTES:
-            raise UsageError(
-                f"{path.name} is {format_bytes(size)}, more than {format_bytes(MAX_IMAGE_BYTES)}"
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if not path.is_file():  # a folder, a device, a pipe: nothing to read whole
+            raise UsageError(f"cannot read {path}: not a file")
+        with path.open("rb") as fh:
+            data = fh.read(MAX_IMAGE_BYTES + 1)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    if len(data) > MAX_IMAGE_BYTES:
+        raise UsageError(f"{path.name} is more than {format_bytes(MAX_IMAGE_BYTES)}")
     try:
         fmt, width, height = image_size(data)
     except Exception as exc:

@@ -18,6 +18,16 @@ from localfab.errors import UsageError
 from tests.engine.test_vision import BLUE, MMPROJ, NOISE
 
 
+def age(folder: Path) -> None:
+    """Every file in `folder` as if last written two hours ago."""
+    import os
+    import time
+
+    for path in folder.iterdir():
+        old = time.time() - 7200
+        os.utime(path, (old, old))
+
+
 def test_an_image_is_stored_once_by_its_hash_and_checked(tmp_path: Path) -> None:
     store = ImageStore(tmp_path / "images")
     first = store.put(Attachment(NOISE, "/home/me/noise.png"))
@@ -33,6 +43,8 @@ def test_an_image_is_stored_once_by_its_hash_and_checked(tmp_path: Path) -> None
     assert store.get(first) is None
     with pytest.raises(UsageError, match="notes.txt: not an image"):
         store.put(Attachment(b"just text", "notes.txt"))
+    assert store.prune(set()) == 0  # named by no message, but just written: left its grace
+    age(store.folder)
     assert store.prune(set()) == 1 and not list(store.folder.iterdir())
 
 
@@ -53,6 +65,7 @@ def test_images_leave_with_the_last_chat_that_names_them(tmp_path: Path) -> None
     history.delete_session(one)
     history.delete_session(two)
     history.close()
+    age(history.images.folder)  # an hour on: no undo, no other process between its steps
     history = History(tmp_path / "chats.sqlite3")
     assert not list(history.images.folder.iterdir())
     history.close()

@@ -148,3 +148,33 @@ def test_a_request_without_the_header_still_ends_with_its_client(url: str) -> No
     while any(slot["is_processing"] for slot in httpx.get(url + "/slots").json()):
         assert time.monotonic() < deadline, "the reply went on without its client"
         time.sleep(0.1)
+
+
+def test_a_stop_while_the_prompt_is_processed_stops_the_reply(url: str) -> None:
+    """The session is there from the request's start: a Stop before the first token ends it."""
+    import threading
+
+    conv = "conv-early"
+    long = "Tell me a story. " * 300  # some seconds of prompt processing here
+    body = {"prompt": long, "n_predict": 200, "ignore_eos": True, "stream": True}
+    done: list[str] = []
+
+    def post() -> None:
+        with httpx.stream(
+            "POST", url + "/completion", json=body, headers={"X-Conversation-Id": conv}, timeout=120
+        ) as answer:
+            done.append("".join(answer.iter_text()))
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not httpx.post(url + "/v1/streams/lookup", json={"conversation_ids": [conv]}).json():
+        assert time.monotonic() < deadline, "the session did not appear at the request's start"
+        time.sleep(0.02)
+    assert httpx.delete(url + "/v1/stream", params={"conv_id": conv}).status_code == 204
+    thread.join(60)
+    assert done and '"stop":true' not in done[0]  # it never reached its end
+    deadline = time.monotonic() + 20  # the job ends at its next step (a prompt batch)
+    while any(slot["is_processing"] for slot in httpx.get(url + "/slots").json()):
+        assert time.monotonic() < deadline, "the reply went on after the Stop"
+        time.sleep(0.1)

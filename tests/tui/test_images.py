@@ -53,6 +53,9 @@ def test_paths_as_terminals_paste_them(pictures: Path) -> None:
     assert pasted_path("look at noise.png and tell me") is None  # text, not a path
     assert pasted_path(str(pictures / "missing.png")) is None
     assert pasted_path(f"{image}\n{image}") is None
+    # Text the system cannot look at as a path is text, not an error.
+    assert pasted_path("x" * 300 + ".png") is None and pasted_path("~nobody-here/a.png") is None
+    assert pasted_path("a\x00b.png") is None
     assert command_path("/image ~/a b.png") == "~/a b.png" and command_path("/image") == ""
     assert command_path("/images are nice") is None and command_path("hello") is None
 

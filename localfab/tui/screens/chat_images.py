@@ -8,6 +8,7 @@ from textual import on, work
 from textual.widgets import Static
 
 from localfab.errors import LocalfabError
+from localfab.textsafe import visible_controls
 from localfab.tui.backend import Attachment, ReadsImages
 from localfab.tui.image_paths import read_image
 from localfab.tui.screens.chat_parts import ChatHost
@@ -44,7 +45,13 @@ class ImageActions(ChatHost):
         try:
             image, label = read_image(path)
         except LocalfabError as exc:
-            self.app.call_from_thread(self.notify, str(exc), title="Image", severity="error")
+            self.app.call_from_thread(
+                self.notify,
+                visible_controls(str(exc)),
+                title="Image",
+                severity="error",
+                markup=False,
+            )
             return
         self.app.call_from_thread(self._add_image, image, label)
 
@@ -74,4 +81,6 @@ class ImageActions(ChatHost):
         if self.attached:
             _, label = self.attached.pop()
             self.show_attached()
-            self.notify(f"{label} taken off.", title="Image", timeout=3)
+            self.notify(
+                f"{visible_controls(label)} taken off.", title="Image", timeout=3, markup=False
+            )
