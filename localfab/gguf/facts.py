@@ -39,11 +39,7 @@ from localfab.gguf.header import (
     FileSource,
     RangeSource,
     TensorInfo,
-    alignment_of,
-    read_metadata,
-    read_preamble,
-    read_tensor_headers,
-    tensor_infos,
+    read_header,
 )
 from localfab.gguf.hparams import (
     BLOCK_RE,
@@ -198,15 +194,15 @@ def read_facts(path_or_source: str | os.PathLike[str] | RangeSource) -> ModelFac
     """
     source, label = _source_and_label(path_or_source)
     cur = Cursor(source, label)
-    version, n_tensors, n_kv = read_preamble(cur, label)
-    meta = read_metadata(cur, n_kv)
-    tensors = read_tensor_headers(cur, n_tensors)
-    alignment = alignment_of(cur, meta)
-    data_offset = -(-cur.pos // alignment) * alignment
-    infos = tensor_infos(cur, label, tensors, alignment, data_offset)
+    header = read_header(cur, label)
     try:
         return facts_from_parts(
-            meta, infos, label=label, file_size=cur.total, version=version, data_offset=data_offset
+            header.meta,
+            header.infos,
+            label=label,
+            file_size=cur.total,
+            version=header.version,
+            data_offset=header.data_offset,
         )
     except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
         # The checks in facts_from_parts name the key at fault; this is the net under them.

@@ -419,3 +419,24 @@ def tensor_infos(
             )
         infos.append(TensorInfo(name, ggml_type, shape, offset, nbytes))
     return infos
+
+
+@dataclass(frozen=True)
+class Header:
+    """A whole GGUF header: its version, metadata, tensor infos and where the data starts."""
+
+    version: int
+    meta: dict[str, Any]
+    infos: list[TensorInfo]
+    data_offset: int
+
+
+def read_header(cur: Cursor, label: str) -> Header:
+    """The header `cur` reads, every part checked (`ModelError` says what is wrong)."""
+    version, n_tensors, n_kv = read_preamble(cur, label)
+    meta = read_metadata(cur, n_kv)
+    tensors = read_tensor_headers(cur, n_tensors)
+    alignment = alignment_of(cur, meta)
+    data_offset = -(-cur.pos // alignment) * alignment
+    infos = tensor_infos(cur, label, tensors, alignment, data_offset)
+    return Header(version, meta, infos, data_offset)

@@ -19,11 +19,7 @@ from localfab.gguf.header import (
     Cursor,
     FileSource,
     RangeSource,
-    alignment_of,
-    read_metadata,
-    read_preamble,
-    read_tensor_headers,
-    tensor_infos,
+    read_header,
 )
 from localfab.gguf.modelfile import check_model_file
 
@@ -84,13 +80,8 @@ def read_projector(path_or_source: str | os.PathLike[str] | RangeSource) -> Proj
         label = path.name
     else:
         source, label = path_or_source, getattr(path_or_source, "label", "projector")
-    cur = Cursor(source, label)
-    _, n_tensors, n_kv = read_preamble(cur, label)
-    meta = read_metadata(cur, n_kv)
-    headers = read_tensor_headers(cur, n_tensors)
-    alignment = alignment_of(cur, meta)
-    data_offset = -(-cur.pos // alignment) * alignment
-    infos = tensor_infos(cur, label, headers, alignment, data_offset)
+    header = read_header(Cursor(source, label), label)
+    meta, infos = header.meta, header.infos
     if meta.get("general.architecture") != "clip":
         raise ModelError(
             f"{label} is not a vision projector (its architecture is "

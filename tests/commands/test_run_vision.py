@@ -11,7 +11,7 @@ import pytest
 
 from localfab.errors import UsageError
 from tests.commands.test_run_cli import lf
-from tests.engine.test_vision import BLUE, MMPROJ, NOISE
+from tests.engine.test_vision import BLUE, MMPROJ, NOISE, model_in_folder
 
 
 @pytest.fixture(scope="module")
@@ -102,19 +102,11 @@ def test_a_chat_sends_images_and_the_next_turn_reuses_them(
 def test_run_finds_the_projector_beside_the_model(
     model_path: Path, tmp_path: Path, lf_env: dict[str, str]
 ) -> None:
-    import os
-    import shutil
-
-    folder = tmp_path / "model"
-    folder.mkdir()
-    try:
-        os.link(model_path, folder / "model.gguf")
-    except OSError:
-        shutil.copyfile(model_path, folder / "model.gguf")
-    MMPROJ.write_projector(folder / "mmproj-model-f16.gguf", 640)
+    model = model_in_folder(model_path, tmp_path / "model")
+    MMPROJ.write_projector(model.parent / "mmproj-model-f16.gguf", 640)
     image = tmp_path / "noise.png"
     image.write_bytes(NOISE)
-    args = ["run", str(folder / "model.gguf"), "What is it?", "-n", "2", "--json"]
+    args = ["run", str(model), "What is it?", "-n", "2", "--json"]
     proc = lf([*args, "--image", str(image)], lf_env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["usage"]["prompt_tokens"] > MMPROJ.IMAGE_TOKENS

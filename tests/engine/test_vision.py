@@ -32,6 +32,21 @@ def _script() -> ModuleType:
 MMPROJ = _script()
 
 
+def model_in_folder(model_path: Path, folder: Path) -> Path:
+    """The model's own file in `folder` (a hard link, else a copy: a symbolic link would be
+    followed to the model's folder), where a projector can lie beside it."""
+    import os
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / "model.gguf"
+    try:
+        os.link(model_path, model)
+    except OSError:
+        shutil.copyfile(model_path, model)
+    return model
+
+
 def png(width: int, height: int, pixels: np.ndarray) -> bytes:
     """An 8-bit RGB PNG of `pixels` (height x width x 3)."""
     rows = b"".join(b"\x00" + pixels[y].astype(np.uint8).tobytes() for y in range(height))

@@ -283,19 +283,12 @@ def test_an_image_with_tools_keeps_its_place(server: Any) -> None:
 def test_serve_finds_the_projector_beside_the_model(model_path: Path, tmp_path: Path) -> None:
     """The mmproj*.gguf beside the model file (where pull puts it) is loaded without --mmproj;
     --no-mmproj leaves it."""
-    import os
-    import shutil
-
+    from tests.engine.test_vision import model_in_folder
     from tests.serverproc import serve
 
-    folder = tmp_path / "model"
-    folder.mkdir()
-    try:
-        os.link(model_path, folder / "model.gguf")
-    except OSError:
-        shutil.copyfile(model_path, folder / "model.gguf")
-    MMPROJ.write_projector(folder / "mmproj-model-f16.gguf", 640)
+    model = model_in_folder(model_path, tmp_path / "model")
+    MMPROJ.write_projector(model.parent / "mmproj-model-f16.gguf", 640)
     for extra, vision in (((), True), (("--no-mmproj",), False)):
-        with serve(folder / "model.gguf", "-c", "1024", *extra) as s:
+        with serve(model, "-c", "1024", *extra) as s:
             assert httpx.get(s.url + "/props").json()["modalities"]["vision"] is vision
             s.stop()

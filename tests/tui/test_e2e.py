@@ -225,21 +225,14 @@ async def test_a_forced_tool_call_on_the_real_model(model_path, tmp_path):
 def test_the_app_loads_the_projector_given_or_found_beside_the_model(model_path, tmp_path):
     """--mmproj's projector, or the mmproj*.gguf beside the model file, planned and loaded with
     the model (a note says where and what an image costs); one made for another model beside it
-    leaves images off with a note, one given stops the load."""
-    import os
-    import shutil
+    is not taken, one given that is no projector stops the load."""
     import threading
 
     from localfab.errors import LocalfabError
-    from tests.engine.test_vision import MMPROJ
+    from tests.engine.test_vision import MMPROJ, model_in_folder
 
     paths = default_paths({"LOCALFAB_HOME": str(tmp_path / "home")})
-    folder = tmp_path / "model"
-    folder.mkdir()
-    try:  # the model's own file there (a link would be followed to the model's folder)
-        os.link(model_path, folder / "model.gguf")
-    except OSError:
-        shutil.copyfile(model_path, folder / "model.gguf")
+    folder = model_in_folder(model_path, tmp_path / "model").parent
     given = MMPROJ.write_projector(tmp_path / "projector.gguf", 640)
     other = MMPROJ.write_projector(folder / "mmproj-other.gguf", 320)
 
