@@ -184,22 +184,29 @@ class ModelChoice:
     def place_projector(self, path: Path, *, offload: bool = True) -> ProjectorPlan:
         """The vision projector `path` planned beside this model (before either loads);
         UsageError, in one line, for a file that is no projector or one that fits nowhere."""
-        from localfab.gguf.projector import read_projector
-        from localfab.plan.projector import plan_projector
-
-        try:
-            facts = read_projector(path)
-        except LocalfabError as exc:
-            raise UsageError(f"--mmproj: {exc}") from exc
-        if facts.grid_positions:
-            raise UsageError(
-                f"{path.name} is a {facts.projector_type} projector, which places images on a "
-                "grid of positions (M-RoPE): not supported yet"
-            )
-        placed = plan_projector(self.plan, facts, self.machine, name=path.name, offload=offload)
+        placed = projector_plan(self.plan, self.machine, path, offload=offload)
         if not placed.fits:
             raise UsageError(placed.describe())
         return placed
+
+
+def projector_plan(plan: Plan, machine: Machine, path: Path, *, offload: bool) -> ProjectorPlan:
+    """The vision projector `path` placed beside the model planned as `plan` (it may fit
+    nowhere: the plan says so); UsageError for a file that is no projector, or one the engine
+    cannot use."""
+    from localfab.gguf.projector import read_projector
+    from localfab.plan.projector import plan_projector
+
+    try:
+        facts = read_projector(path)
+    except LocalfabError as exc:
+        raise UsageError(f"--mmproj: {exc}") from exc
+    if facts.grid_positions:
+        raise UsageError(
+            f"{path.name} is a {facts.projector_type} projector, which places images on a "
+            "grid of positions (M-RoPE): not supported yet"
+        )
+    return plan_projector(plan, facts, machine, name=path.name, offload=offload)
 
 
 def find_projector(model: Path) -> Path | None:

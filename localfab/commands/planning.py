@@ -235,15 +235,9 @@ def _projector(
     """--mmproj's projector placed beside the planned model."""
     if path is None:
         return None
-    from localfab.errors import ModelError
-    from localfab.gguf.projector import read_projector
-    from localfab.plan.projector import plan_projector
+    from localfab.runtime import projector_plan
 
-    try:
-        facts = read_projector(path)
-    except ModelError as exc:
-        raise UsageError(f"--mmproj: {exc}") from exc
-    return plan_projector(result, facts, machine, name=path.name, offload=offload)
+    return projector_plan(result, machine, path, offload=offload)
 
 
 def _remote_facts(model: str) -> tuple[ModelFacts, int | None, str | None]:

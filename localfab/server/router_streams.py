@@ -22,7 +22,7 @@ from starlette.responses import Response
 from localfab.server.errors import ApiError
 from localfab.server.plumbing import json_response
 from localfab.server.router_pool import Instance, Pool
-from localfab.server.streams import lookup_ids
+from localfab.server.streams import conv_param, lookup_ids
 
 STOPPED = "request cancelled by a stop while the model was loading"
 ASK_TIMEOUT = 5.0  # seconds a model's server has to answer a stop or a lookup
@@ -98,13 +98,6 @@ async def ready_for(router: Router, name: str, conv: str, request: Request) -> t
     return found
 
 
-def _conv_param(request: Request) -> str:
-    name = request.query_params.get("conv_id", "")
-    if not name:
-        raise ApiError("Missing conversation id in path")
-    return name
-
-
 def _owner(router: Router, conv: str) -> Instance | None:
     """The loaded model's server that holds the conversation's session."""
     entry = router.convs.convs.get(conv)
@@ -121,7 +114,7 @@ def _auth(request: Request) -> dict[str, str]:
 
 async def stream_get(router: Router, request: Request) -> Response:
     """GET /v1/stream: passed on to the model that holds the session."""
-    conv = _conv_param(request)
+    conv = conv_param(request)
     inst = _owner(router, conv)
     if inst is None:
         entry = router.convs.convs.get(conv)
@@ -137,7 +130,7 @@ async def stream_get(router: Router, request: Request) -> Response:
 async def stream_delete(router: Router, request: Request) -> Response:
     """DELETE /v1/stream: the Stop, passed on to the model's server; a request still waiting
     for its model to load is cancelled."""
-    conv = _conv_param(request)
+    conv = conv_param(request)
     inst = _owner(router, conv)
     router.convs.forget(conv)
     if inst is not None:

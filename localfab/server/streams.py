@@ -260,7 +260,8 @@ def reader(request: Request, session: Session, offset: int) -> EventStream:
     return EventStream(session.read(offset, lambda: gone[0]), close)
 
 
-def _conv_param(request: Request) -> str:
+def conv_param(request: Request) -> str:
+    """The `conv_id` of a stream route's query (llama-server's 400 when there is none)."""
     name = request.query_params.get("conv_id", "")
     if not name:
         raise ApiError("Missing conversation id in path")
@@ -269,7 +270,7 @@ def _conv_param(request: Request) -> str:
 
 async def stream_get(server: Server, request: Request) -> Response:
     """GET /v1/stream?conv_id=ID&from=N: the session's events from byte N (0 by default)."""
-    name = _conv_param(request)
+    name = conv_param(request)
     session = server.streams.get(name)
     if session is None:
         raise ApiError("Stream not found or expired", "not_found_error")
@@ -284,7 +285,7 @@ async def stream_get(server: Server, request: Request) -> Response:
 
 async def stream_delete(server: Server, request: Request) -> Response:
     """DELETE /v1/stream?conv_id=ID: stop the reply and forget its session (204 either way)."""
-    server.streams.stop(_conv_param(request))
+    server.streams.stop(conv_param(request))
     return Response(status_code=204, media_type="application/json")
 
 
