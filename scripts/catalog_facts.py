@@ -63,6 +63,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "mistral:7b": _config("llama", 32, 4096, 32, 8, 128, 14336, 32768, ctx=32768),
     "mistral-nemo:12b": _config("llama", 40, 5120, 32, 8, 128, 14336, 131072, ctx=1024000),
     "smollm2:1.7b": _config("llama", 24, 2048, 32, 32, 64, 8192, 49152, ctx=8192),
+    "smolvlm2:2.2b": _config("llama", 24, 2048, 32, 32, 64, 8192, 49280, ctx=8192),
     "gemma2:2b": _config("gemma2", 26, 2304, 8, 4, 256, 9216, 256000, ctx=8192, swa=4096),
     "gemma3:1b": _config("gemma3", 26, 1152, 4, 1, 256, 6912, 262144, ctx=32768, swa=512),
     "gemma3:4b": _config("gemma3", 34, 2560, 8, 4, 256, 10240, 262144, ctx=131072, swa=1024),
