@@ -126,6 +126,14 @@ class Config:
     theme: str = field(
         default="", metadata={"doc": "the terminal app's theme by name; empty: localfab-dark"}
     )
+    image_previews: str = field(
+        default="auto",
+        metadata={
+            "doc": "pictures of a message's images in the chat app: auto (Sixel or kitty's "
+            "graphics where the terminal draws them, else coloured half cells), halfcell, or "
+            "off (the chips' names alone)"
+        },
+    )
     ledger: bool = field(
         default=True,
         metadata={
@@ -408,6 +416,8 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "reasoning_budget": (-1, 1 << 31, "-1 (no limit), 0 or a number of tokens"),
 }
 _FLASH_ATTN = ("auto", "on", "off")
+_PREVIEWS = ("auto", "halfcell", "off")  # localfab.tui.previews.detect's modes
+_CHOICES = {"flash_attn": _FLASH_ATTN, "thinking": _FLASH_ATTN, "image_previews": _PREVIEWS}
 
 
 def _convert(name: str, raw: Any, kind: type, where: str) -> Any:
@@ -432,9 +442,13 @@ def _convert(name: str, raw: Any, kind: type, where: str) -> Any:
         text = str(raw).strip()
     except (TypeError, ValueError, OverflowError) as exc:
         raise UsageError(f"{where}: {name} must be a {_KIND_WORDS[kind]}, not {shown}") from exc
-    if name in ("flash_attn", "thinking") and text.lower() not in _FLASH_ATTN:
-        raise UsageError(f"{where}: {name} must be auto, on or off, not {shown}")
-    return text.lower() if name in ("flash_attn", "thinking") else text
+    choices = _CHOICES.get(name)
+    if choices is None:
+        return text
+    if text.lower() not in choices:
+        words = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+        raise UsageError(f"{where}: {name} must be {words}, not {shown}")
+    return text.lower()
 
 
 _KIND_WORDS: dict[type, str] = {

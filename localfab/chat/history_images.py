@@ -127,6 +127,13 @@ class ImageStore:
         name = Path(image.name).name or "image"
         return ImageRef(sha, name, fmt, width, height, len(image.data))
 
+    def path(self, ref: ImageRef) -> Path | None:
+        """The file that holds the image (it may be gone); None for a name that is no hash."""
+        try:
+            return self._file(ref.sha256)
+        except UsageError:
+            return None
+
     def get(self, ref: ImageRef) -> bytes | None:
         """The image's bytes; None where its file is gone or no longer matches its hash."""
         try:

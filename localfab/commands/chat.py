@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,17 @@ def saved_chat_model(history: History, session_id: int | None, model: str | None
     return model or stored.model or None
 
 
+def ask_terminal(previews: str) -> threading.Thread:
+    """Ask the terminal what pictures it draws (a few escape sequences and their answers, up to
+    a few hundred ms), beside the app's start: join it before the app runs, which then reads
+    every answer itself."""
+    from localfab.tui.previews import detect
+
+    asking = threading.Thread(target=detect, args=(previews,), name="previews", daemon=True)
+    asking.start()
+    return asking
+
+
 def run_app(app: LocalfabApp, history: History) -> None:
     """Run the app until the user quits; close the model it ended on and the history."""
     try:
@@ -111,6 +123,7 @@ def open_app(
 
     paths = default_paths()
     config, config_problem = load_config(paths)
+    asking = ask_terminal(config.image_previews)
     history, problem = open_history(paths.sessions_db)
     model = saved_chat_model(history, session_id, model)
     session_id = None if new else session_id
@@ -149,6 +162,7 @@ def open_app(
             keymap=config.keys,
         )
     )
+    asking.join()
     run_app(app, history)
 
 

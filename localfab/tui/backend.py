@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from localfab.chat.history_images import Attachment
@@ -50,6 +51,15 @@ class ModelCard:
 
 
 @dataclass(frozen=True)
+class ImageChip:
+    """An image on a message: its chip's words ("name · W×H") and its picture's source (the
+    bytes attached, the stored file, or None where there is nothing to draw)."""
+
+    label: str
+    picture: bytes | Path | None = None
+
+
+@dataclass(frozen=True)
 class StoredTurn:
     """A message of a resumed session, as the chat view shows it."""
 
@@ -61,7 +71,7 @@ class StoredTurn:
     versions: int = 1  # how many versions its place has (edits, regenerated replies)
     reasoning: str = ""  # a thinking model's thought before the reply
     tools: str = ""  # tool calls (an assistant's) or a result (a tool message's), as stored
-    images: tuple[str, ...] = ()  # the images a user message carried, as their chips say them
+    images: tuple[ImageChip, ...] = ()  # the images a user message carried
 
 
 @dataclass(frozen=True)

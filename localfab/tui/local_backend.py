@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localfab.chat.history_images import Attachment, refs_from
+from localfab.chat.history_images import Attachment, ImageStore, refs_from
 from localfab.errors import LoadCancelled, LocalfabError, UsageError
 from localfab.tui.backend import (
+    ImageChip,
     ModelCard,
     ProgressCallback,
     ReplyEvent,
@@ -334,13 +335,14 @@ class LocalBackend(ToolUse):
     @on_engine
     def switch_version(self, message_id: int, step: int) -> list[StoredTurn]:
         chat = self._chat()
-        return [_turn(m) for m in chat.switch_version(self._index(chat, message_id), step)]
+        store = chat.history.images if chat.history is not None else None
+        return [_turn(m, store) for m in chat.switch_version(self._index(chat, message_id), step)]
 
     def path(self) -> list[StoredTurn]:
         chat = self._session
         if chat is None or chat.history is None or chat.session_id is None:
             return []
-        return [_turn(m) for m in chat.history.messages(chat.session_id)]
+        return [_turn(m, chat.history.images) for m in chat.history.messages(chat.session_id)]
 
     @staticmethod
     def _index(chat: ChatSession, message_id: int) -> int:
@@ -379,8 +381,9 @@ class LocalBackend(ToolUse):
             self.ledger = None
 
 
-def _turn(m: StoredMessage) -> StoredTurn:
-    images = tuple(ref.label() for ref in refs_from(m.images))
+def _turn(m: StoredMessage, store: ImageStore | None) -> StoredTurn:
+    refs = refs_from(m.images)
+    images = tuple(ImageChip(r.label(), store.path(r) if store else None) for r in refs)
     return StoredTurn(
         m.role, m.content, m.status, m.id, m.version, m.versions, m.reasoning, m.tools, images
     )

@@ -47,6 +47,7 @@ def lf(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         ("threads = -5", "config.toml: threads must be 1 to 512, or 0 or -1"),
         ("threads = 100000", "threads must be 1 to 512"),
         ('flash_attn = "maybe"', "flash_attn must be auto, on or off"),
+        ('image_previews = "sixels"', "image_previews must be auto, halfcell or off, not sixels"),
         ("ctx_size = [1]", "ctx_size must be a whole number"),
     ],
 )

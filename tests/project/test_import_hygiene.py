@@ -1,5 +1,6 @@
-"""The layer seams: only the engine imports llama_cpp, only localfab/tui imports textual,
-only localfab/server imports the web framework, only localfab/mcp imports the MCP SDK."""
+"""The layer seams: only the engine imports llama_cpp, only localfab/tui imports textual (and
+textual-image, Pillow), only localfab/server imports the web framework, only localfab/mcp
+imports the MCP SDK."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "localfab"
 RULES = {
     "llama_cpp": "engine",
     "textual": "tui",
+    "textual_image": "tui",
+    "PIL": "tui",  # pictures of images in the app; the rest reads image headers itself
     "starlette": "server",
     "uvicorn": "server",
     "mcp": "mcp",

@@ -1,13 +1,15 @@
 """Images in the chat app (pilot, on the fake engine with a stand-in projector): attached by
-`/image PATH` or a pasted (dropped) path, shown as chips above the prompt and on the message,
-sent with it, stored with the chat and back when it is reopened; what cannot be attached says
-why. Snapshots at 100x30 and 80x24, dark and light."""
+`/image PATH` or a pasted (dropped) path, shown as chips above the prompt and on the message
+(with their pictures: tests/tui/test_previews.py), sent with it, stored with the chat and back
+when it is reopened; what cannot be attached says why. Snapshots at 100x30 and 80x24, dark and
+light, pictures drawn in half cells."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from textual import events
 from textual.widgets import Static
@@ -17,10 +19,23 @@ from localfab.chat.history_images import Attachment, refs_from
 from localfab.tui.image_paths import command_path, pasted_path
 from localfab.tui.widgets.prompt import PromptBox
 from localfab.tui.widgets.versions import ChatMessage
-from tests.engine.test_vision import BLUE, NOISE
+from tests.engine.test_vision import BLUE, NOISE, png
 from tests.fake_engine import FakeEngine, FakeProjector
 from tests.tui.test_snapshots import SIZES, THEMES, dated, snap_chat
 from tests.tui_support import FIXED_NOW, build_app, finished, loaded, send, wait_for
+
+
+def _sunset() -> bytes:
+    """An 80×48 picture that reads as one at a glance: orange to purple, a yellow sun."""
+    y, x = np.mgrid[0:48, 0:80]
+    top, bottom = np.array([255, 150, 40]), np.array([70, 20, 110])
+    sky = top + (bottom - top) * (y / 47)[..., None]
+    sun = (x - 40) ** 2 + (y - 30) ** 2 < 100
+    sky[sun] = (255, 230, 90)
+    return png(80, 48, sky)
+
+
+SUNSET = _sunset()
 
 
 @pytest.fixture
@@ -82,7 +97,7 @@ async def test_an_image_goes_with_the_message_and_comes_back_with_the_chat(
         assert engine.projector is not None and engine.projector.images == [NOISE, BLUE]
         assert not bar(app).has_class("shown") and app.chat.attached == []
         mine = [v for v in app.chat.query(ChatMessage) if v.role == "user"][-1]
-        assert mine.images == ("noise.png · 80×48", "blue.png · 80×48")
+        assert [i.label for i in mine.images] == ["noise.png · 80×48", "blue.png · 80×48"]
         sid = app.chat.backend.session_id  # type: ignore[union-attr]
     (user, _) = history.messages(sid)
     assert [r.name for r in refs_from(user.images)] == ["noise.png", "blue.png"]
@@ -93,7 +108,7 @@ async def test_an_image_goes_with_the_message_and_comes_back_with_the_chat(
     async with again.run_test(size=(100, 30)) as pilot:
         await loaded(pilot, again)
         shown = [v for v in again.chat.query(ChatMessage) if v.role == "user"]
-        assert shown[0].images == ("noise.png · 80×48", "blue.png · 80×48")
+        assert [i.label for i in shown[0].images] == ["noise.png · 80×48", "blue.png · 80×48"]
         assert engine2.projector is not None and engine2.projector.images == [NOISE, BLUE]
     history.close()
 
@@ -135,20 +150,20 @@ def image_chat(path: Path, pictures: Path) -> tuple[History, int]:
     history = History(path)
     sid = history.create_session(model="fake-model")
     refs = [
-        history.images.put(Attachment(NOISE, "noise.png")),
+        history.images.put(Attachment(SUNSET, "sunset.png")),
         history.images.put(Attachment(BLUE, "blue.png")),
     ]
     history.add_message(
         sid, "user", "What is in these pictures?", images=json.dumps([vars(r) for r in refs])
     )
-    history.add_message(sid, "assistant", "Coloured noise, and a blue square.")
+    history.add_message(sid, "assistant", "A sunset over the sea, and a blue square.")
     dated(history, sid, FIXED_NOW - 300, FIXED_NOW - 60)
     return history, sid
 
 
 @pytest.mark.parametrize("theme", THEMES)
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_chat_with_images(snap_compare, tmp_path, size, theme):
+def test_chat_with_images(snap_compare, tmp_path, size, theme, halfcell):
     pictures = tmp_path / "pictures"
     pictures.mkdir()
     (pictures / "diagram.png").write_bytes(NOISE)
@@ -158,6 +173,8 @@ def test_chat_with_images(snap_compare, tmp_path, size, theme):
         app.chat.backend._loaded.engine.projector = FakeProjector()
         app.chat.attach(str(pictures / "diagram.png"))
         await wait_for(pilot, lambda: bool(app.chat.attached))
+        # The stored message's two pictures, decoded off the app's thread.
+        await wait_for(pilot, lambda: len(app.chat.query(".picture")) == 2)
         await pilot.pause()
 
     assert snap_chat(snap_compare, history, sid, size, theme, then=attach)

@@ -9,7 +9,7 @@ from textual.widgets import Static
 
 from localfab.errors import LocalfabError
 from localfab.textsafe import visible_controls
-from localfab.tui.backend import Attachment, ReadsImages
+from localfab.tui.backend import Attachment, ImageChip, ReadsImages
 from localfab.tui.image_paths import read_image
 from localfab.tui.screens.chat_parts import ChatHost
 from localfab.tui.widgets.messages import image_chips
@@ -59,11 +59,11 @@ class ImageActions(ChatHost):
         self.attached.append((image, label))
         self.show_attached()
 
-    def take_images(self) -> tuple[list[Attachment], tuple[str, ...]]:
+    def take_images(self) -> tuple[list[Attachment], tuple[ImageChip, ...]]:
         """The waiting images and their chips, for the message being sent (none wait after)."""
         taken, self.attached = self.attached, []
         self.show_attached()
-        return [image for image, _ in taken], tuple(label for _, label in taken)
+        return [image for image, _ in taken], tuple(ImageChip(t, i.data) for i, t in taken)
 
     def show_attached(self) -> None:
         bar = self.query_one("#attachments", Static)

@@ -20,7 +20,10 @@ from textual.widgets import Label, Markdown, Static
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from localfab.textsafe import visible_controls
+from localfab.tui import previews
+from localfab.tui.backend import ImageChip
 from localfab.tui.clipboard import code_blocks
+from localfab.tui.previews import ImagePreviews
 from localfab.tui.widgets.reply_markdown import ReplyMarkdown
 from localfab.tui.widgets.thought import ThoughtBlock
 
@@ -31,7 +34,7 @@ def shift_text(turns: int, tokens: int) -> str:
     return f"{turns} {noun} ({tokens} tokens) left the window; the system prompt stayed"
 
 
-def image_chips(labels: tuple[str, ...]) -> str:
+def image_chips(labels: Sequence[str]) -> str:
     """Images as chips on one line ("▣ name · W×H"), their names' control characters shown."""
     return "  ".join(f"▣ {visible_controls(label)}" for label in labels)
 
@@ -148,11 +151,11 @@ class MessageView(Vertical):
         *,
         status: str = "complete",
         reasoning: str = "",
-        images: tuple[str, ...] = (),
+        images: tuple[ImageChip, ...] = (),
     ) -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
-        self.images = images  # the chips of the images a user message carried
+        self.images = images  # the images a user message carried
         self._initial = text
         # A thinking model's thought, above the answer (never in `text`, which copy copies).
         self.thought: ThoughtBlock | None = ThoughtBlock(reasoning) if reasoning else None
@@ -168,7 +171,9 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         if self.images:
-            yield Label(image_chips(self.images), classes="images", markup=False)
+            yield Label(image_chips([i.label for i in self.images]), classes="images", markup=False)
+            if previews.drawing():
+                yield ImagePreviews([i.picture for i in self.images])
         if self.thought is not None:
             yield self.thought
         with Vertical(classes="body"):

@@ -16,6 +16,7 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Label
 
+from localfab.tui.backend import ImageChip
 from localfab.tui.widgets.messages import MessageView
 
 
@@ -89,7 +90,7 @@ class ChatMessage(MessageView):
         version: int = 1,
         versions: int = 1,
         reasoning: str = "",
-        images: tuple[str, ...] = (),
+        images: tuple[ImageChip, ...] = (),
     ) -> None:
         super().__init__(role, text, status=status, reasoning=reasoning, images=images)
         self.message_id = message_id
