@@ -263,10 +263,10 @@ def test_the_app_loads_the_projector_given_or_found_beside_the_model(model_path,
 
 
 @pytest.mark.anyio
-async def test_a_chat_with_an_image_on_the_real_model(model_path, tmp_path):
+async def test_a_chat_with_an_image_on_the_real_model(model_path, tmp_path, halfcell):
     """The app on the test model with the synthetic projector: an image attached by /image
-    goes with the message (encoded once), the reply comes, the next turn does not encode it
-    again, and the chat holds it when reopened."""
+    goes with the message (encoded once, its picture drawn), the reply comes, the next turn does
+    not encode it again, and the chat holds it when reopened."""
     from tests.engine.test_vision import MMPROJ, NOISE
 
     projector = MMPROJ.write_projector(tmp_path / "mmproj.gguf", 640)
@@ -289,6 +289,7 @@ async def test_a_chat_with_an_image_on_the_real_model(model_path, tmp_path):
             box.insert("What is in the picture?")
             await pilot.press("enter")
             await wait_for(pilot, lambda: chat.replies_finished == 1, seconds=300)
+            await wait_for(pilot, lambda: len(chat.query(".picture")) == 1)
             seeing = backend._loaded.engine.projector  # noqa: SLF001
             assert seeing.n_encoded == 1
             box.insert("And its colours?")
