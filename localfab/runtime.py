@@ -15,6 +15,7 @@ from localfab.errors import LocalfabError, UsageError
 if TYPE_CHECKING:
     from localfab.chat.prompt import PromptBuilder
     from localfab.engine import Engine
+    from localfab.gguf.facts import ModelFacts
     from localfab.machine.probes import Machine
     from localfab.plan import Plan, Wishes
     from localfab.plan.projector import ProjectorPlan
@@ -181,32 +182,52 @@ class ModelChoice:
             return None, f"running without speculative decoding: {placed.describe()}"
         return replace(spec, n_gpu_layers_draft=placed.n_gpu_layers), placed.describe()
 
-    def place_projector(self, path: Path, *, offload: bool = True) -> ProjectorPlan:
-        """The vision projector `path` planned beside this model (before either loads);
-        UsageError, in one line, for a file that is no projector or one that fits nowhere."""
-        placed = projector_plan(self.plan, self.machine, path, offload=offload)
+    def place_projector(
+        self, path: Path, *, offload: bool = True
+    ) -> tuple[ModelChoice, ProjectorPlan]:
+        """The vision projector `path` planned with this model (before either loads), and the
+        model's choice to load with it: this one, or, where the projector would not fit on the
+        GPU beside it, the model planned again with the projector's room there kept first
+        (`plan.projector.plan_together`). UsageError, in one line, for a file that is no
+        projector or one that fits nowhere."""
+        from localfab.gguf.facts import read_facts
+
+        together, placed = plan_with_projector(
+            read_facts(self.path), self.plan, self.machine, self.wishes, path, offload=offload
+        )
         if not placed.fits:
             raise UsageError(placed.describe())
-        return placed
+        return replace(self, plan=together), placed
 
 
-def projector_plan(plan: Plan, machine: Machine, path: Path, *, offload: bool) -> ProjectorPlan:
-    """The vision projector `path` placed beside the model planned as `plan` (it may fit
-    nowhere: the plan says so); UsageError for a file that is no projector, or one the engine
-    cannot use."""
+def plan_with_projector(
+    facts: ModelFacts,
+    target: Plan,
+    machine: Machine,
+    wishes: Wishes | None,
+    path: Path,
+    *,
+    offload: bool,
+) -> tuple[Plan, ProjectorPlan]:
+    """The model (`facts`, planned as `target` for `wishes`) and the vision projector `path`
+    planned together (it may fit nowhere: its plan says so); UsageError for a file that is no
+    projector, or one the engine cannot use."""
     from localfab.gguf.projector import read_projector
-    from localfab.plan.projector import plan_projector
+    from localfab.plan import Wishes
+    from localfab.plan.projector import plan_together
 
     try:
-        facts = read_projector(path)
+        proj = read_projector(path)
     except LocalfabError as exc:
         raise UsageError(f"--mmproj: {exc}") from exc
-    if facts.grid_positions:
+    if proj.grid_positions:
         raise UsageError(
-            f"{path.name} is a {facts.projector_type} projector, which places images on a "
+            f"{path.name} is a {proj.projector_type} projector, which places images on a "
             "grid of positions (M-RoPE): not supported yet"
         )
-    return plan_projector(plan, facts, machine, name=path.name, offload=offload)
+    return plan_together(
+        facts, target, proj, machine, wishes or Wishes(), name=path.name, offload=offload
+    )
 
 
 def find_projector(model: Path) -> Path | None:

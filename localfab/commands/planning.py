@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from localfab.gguf.facts import ModelFacts
     from localfab.machine.probes import Machine
     from localfab.plan import Plan, Wishes
-    from localfab.plan.projector import ProjectorPlan
 
 KV_CHOICES = click.Choice(KV_CACHE_TYPES)
 
@@ -206,8 +205,15 @@ def plan(
         # Not on disk: fit before download, reading only the header of the file on the hub
         # (offline, a catalog model's shipped facts).
         facts, fetched, estimate = _remote_facts(model)
-    result = make_plan(facts, machine, _wishes(**options))
-    projector = _projector(result, machine, mmproj, mmproj_offload)
+    wishes = _wishes(**options)
+    result = make_plan(facts, machine, wishes)
+    projector = None
+    if mmproj is not None:  # planned with the model: its GPU room may be kept first
+        from localfab.runtime import plan_with_projector
+
+        result, projector = plan_with_projector(
+            facts, result, machine, wishes, mmproj, offload=mmproj_offload
+        )
     if as_json:
         data = result.to_dict()
         data["machine"] = machine.to_dict()
@@ -227,17 +233,6 @@ def plan(
             click.echo(f"\n(planned before download: read {read} of the header)")
         if estimate is not None:
             click.echo(f"\n({estimate})")
-
-
-def _projector(
-    result: Plan, machine: Machine, path: Path | None, offload: bool
-) -> ProjectorPlan | None:
-    """--mmproj's projector placed beside the planned model."""
-    if path is None:
-        return None
-    from localfab.runtime import projector_plan
-
-    return projector_plan(result, machine, path, offload=offload)
 
 
 def _remote_facts(model: str) -> tuple[ModelFacts, int | None, str | None]:

@@ -93,10 +93,13 @@ def open_for_run(
     think_flags: dict[str, Any],
     load_flags: dict[str, Any],
     spec_flags: dict[str, Any],
+    *,
+    vision: dict[str, Any] | None = None,
 ) -> tuple[Any, ModelChoice | None, SpecSettings | None]:
     """`run`'s model, ready (see `ready`): loaded here as planned (and its choice, its
     speculative decoding), or the server --remote names (no choice: nothing was planned).
-    `load_flags` holds --remote and --api-key-env too."""
+    `load_flags` holds --remote and --api-key-env too; `vision` --image and --mmproj (the
+    projector is planned with the model: `plan_run_vision`)."""
     load_flags = dict(load_flags)
     remote_flags = {name: load_flags.pop(name) for name in REMOTE_FLAGS}
     if check_remote_flags(remote_flags):
@@ -106,6 +109,10 @@ def open_for_run(
         return remote, None, None
     speculative = speculation(config, paths, spec_flags)
     choice = plan_model(model, paths, config, verbose, load_flags)
+    if vision is not None:
+        from localfab.commands.serve_vision import plan_run_vision
+
+        choice = plan_run_vision(choice, vision)
     loaded = choice.open(speculative=speculative)
     use_cache = config.prompt_cache if prompt_cache is None else prompt_cache
     ready(loaded, paths, config, use_cache, think_flags)

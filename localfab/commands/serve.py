@@ -271,7 +271,7 @@ def plan_serving(name: str, options: dict[str, Any]) -> tuple[ModelChoice, Confi
     for warning in choice.plan.warnings:
         click.echo(f"localfab: warning: {warning}", err=True)
     choice.plan.require_fit()
-    options["mmproj_plan"] = plan_vision(choice, options)
+    choice, options["mmproj_plan"] = plan_vision(choice, options)
     return choice, config
 
 

@@ -66,25 +66,29 @@ def finish_load(loaded: Any, options: dict[str, Any]) -> None:
         raise
 
 
-def plan_vision(choice: ModelChoice, options: dict[str, Any]) -> ProjectorPlan | None:
+def plan_vision(
+    choice: ModelChoice, options: dict[str, Any]
+) -> tuple[ModelChoice, ProjectorPlan | None]:
     """The projector (--mmproj, else the one beside the model unless --no-mmproj) planned
-    beside the chosen model before it loads; UsageError, in one line, for a file given that is
-    no projector or fits nowhere (one found that cannot be used is left out, with a warning)."""
+    with the chosen model before either loads, and the model's choice to load with it (its
+    GPU room may be kept first: `place_projector`); UsageError, in one line, for a file given
+    that is no projector or fits nowhere (one found that cannot be used is left out, with a
+    warning)."""
     from localfab.runtime import find_projector
 
     given = options["mmproj"]
     path = given or (None if options.get("no_mmproj") else find_projector(choice.path))
     if path is None:
-        return None
+        return choice, None
     try:
-        placed = choice.place_projector(path, offload=options["mmproj_offload"])
+        together, placed = choice.place_projector(path, offload=options["mmproj_offload"])
     except UsageError as exc:
         if given is not None:
             raise
         click.echo(f"localfab: warning: images off: {exc}", err=True)
-        return None
+        return choice, None
     options["mmproj"] = path
-    return placed
+    return together, placed
 
 
 def attach_vision(loaded: Any, options: dict[str, Any]) -> str | None:
@@ -104,16 +108,25 @@ def attach_vision(loaded: Any, options: dict[str, Any]) -> str | None:
     return f"{placed.describe()}; {placed.image_cost()}; {said}"
 
 
-def run_images(
-    loaded: Any, flags: dict[str, Any], *, raw: bool, choice: ModelChoice | None = None
-) -> list[bytes]:
-    """`run --image FILE ... --mmproj FILE`: the projector attached to the loaded model, and
-    the images' bytes (UsageError, in one line, for what cannot be used)."""
-    paths, projector = flags["images"], flags["mmproj"]
-    if projector is None and paths and choice is not None:
+def plan_run_vision(choice: ModelChoice, flags: dict[str, Any]) -> ModelChoice:
+    """`run`'s projector (--mmproj, or for --image the one beside the model) planned with
+    the model before either loads (kept in `flags`), and the model's choice to load with it."""
+    projector = flags["mmproj"]
+    if projector is None and flags["images"]:
         from localfab.runtime import find_projector
 
-        projector = find_projector(choice.path)  # the one beside the model
+        projector = flags["mmproj"] = find_projector(choice.path)  # the one beside the model
+    if projector is None:
+        return choice
+    choice, flags["planned"] = choice.place_projector(Path(projector))
+    return choice
+
+
+def run_images(loaded: Any, flags: dict[str, Any], *, raw: bool) -> list[bytes]:
+    """`run --image FILE ... --mmproj FILE`: the projector attached to the loaded model where
+    `plan_run_vision` placed it, and the images' bytes (UsageError, in one line, for what
+    cannot be used)."""
+    paths, projector = flags["images"], flags["mmproj"]
     if projector is None:
         if paths:
             raise UsageError("--image needs the model's vision projector: add --mmproj FILE")
@@ -124,7 +137,7 @@ def run_images(
         raise UsageError("--mmproj is for a model loaded here, not for --remote")
     from localfab.engine.vision import attach_projector
 
-    placed = choice.place_projector(Path(projector)) if choice is not None else None
+    placed: ProjectorPlan | None = flags.get("planned")
     attach_projector(loaded.engine, projector, use_gpu=placed is None or placed.use_gpu)
     images = []
     for path in paths:

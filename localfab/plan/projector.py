@@ -5,7 +5,10 @@ GPU with `--mmproj-offload` (llama-server's default) where there is one, else th
 compute buffer is reserved at load for the largest image (the projector's own square size):
 the peak of ggml's graph allocator over the vision transformer's graph, modelled below by its
 phases and checked against the sizes llama.cpp reports (`tests/plan/test_plan_projector.py`).
-As for a draft model, the model's own plan comes first; the projector gets what it leaves free.
+The projector goes where the model's plan leaves room for it; where that is not on the GPU,
+`plan_together` keeps its room there first and plans the model in the rest (a smaller context,
+a quantized KV cache or fewer layers), as Ollama does: an image is encoded on the GPU many
+times faster than on the CPU, while a layer or two fewer costs the reply a few percent.
 
 An image costs its tokens in the context (the KV cells they fill, like text) and, while it is
 encoded, the compute buffer reserved above: nothing more per image.
@@ -13,11 +16,13 @@ encoded, the compute buffer reserved above: nothing more per image.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from localfab.gguf.facts import ModelFacts
 from localfab.gguf.projector import ProjectorFacts
 from localfab.machine.probes import Machine
-from localfab.plan.result import Plan
+from localfab.plan.policy import plan
+from localfab.plan.result import Plan, Wishes
 from localfab.units import MiB, format_bytes
 
 F32 = 4
@@ -105,10 +110,66 @@ def flash_attention_fits(proj: ProjectorFacts) -> bool:
     return proj.n_head > 0 and (proj.n_embd // proj.n_head) % 8 == 0
 
 
+def gpu_need(proj: ProjectorFacts) -> int:
+    """The bytes the projector takes on a GPU: its weights and its compute buffer there."""
+    return proj.weights + projector_compute(proj, flash_attn=flash_attention_fits(proj))
+
+
+def plan_together(
+    model: ModelFacts,
+    target: Plan,
+    proj: ProjectorFacts,
+    machine: Machine,
+    wishes: Wishes,
+    *,
+    name: str,
+    offload: bool = True,
+) -> tuple[Plan, ProjectorPlan]:
+    """The model's plan and its projector's: `target` with the projector beside it where it
+    fits on the GPU there; else, unless -ngl pins the model's layers, the model planned again
+    with the projector's room on the GPU kept first, where the model still fits."""
+    placed = plan_projector(target, proj, machine, name=name, offload=offload)
+    if placed.use_gpu or not offload or target.gpu is None or wishes.n_gpu_layers is not None:
+        return target, placed
+    need = gpu_need(proj)
+    devices = tuple(
+        replace(d, free=d.free - need) if d.name == target.gpu else d for d in machine.devices
+    )
+    if any(d.free < 0 for d in devices):
+        return target, placed
+    again = plan(model, replace(machine, devices=devices), wishes)
+    if not again.fits or again.gpu != target.gpu:
+        return target, placed
+    moved = plan_projector(again, proj, machine, name=name, reserved=need)
+    if not moved.use_gpu:
+        return target, placed
+    kept = f"its room there was kept before the model was planned ({_changes(target, again)})"
+    return again, replace(moved, reason=kept)
+
+
+def _changes(before: Plan, after: Plan) -> str:
+    """What keeping the projector's room changed in the model's plan, in a few words."""
+    said = []
+    if after.n_ctx != before.n_ctx:
+        said.append(f"context {after.n_ctx} instead of {before.n_ctx}")
+    if (after.type_k, after.type_v) != (before.type_k, before.type_v):
+        said.append(f"KV cache {after.type_k}/{after.type_v} instead of {before.type_k}")
+    if after.n_gpu_layers != before.n_gpu_layers:
+        said.append(f"{after.n_gpu_layers} GPU layers instead of {before.n_gpu_layers}")
+    return "; ".join(said) or "the model's plan is the same"
+
+
 def plan_projector(
-    target: Plan, proj: ProjectorFacts, machine: Machine, *, name: str, offload: bool = True
+    target: Plan,
+    proj: ProjectorFacts,
+    machine: Machine,
+    *,
+    name: str,
+    offload: bool = True,
+    reserved: int = 0,
 ) -> ProjectorPlan:
-    """Place the projector `proj` (called `name`) beside the model planned as `target`."""
+    """Place the projector `proj` (called `name`) beside the model planned as `target`
+    (`reserved`: bytes the model's plan kept free on its GPU for the projector)."""
     weights = proj.weights
     tokens = proj.image_tokens
     image_kv = _image_kv(target, tokens)
@@ -116,7 +177,7 @@ def plan_projector(
     note = ""
     if offload and gpu is not None:
         compute = projector_compute(proj, flash_attn=flash_attention_fits(proj))
-        room = _room(target, gpu.name)
+        room = _room(target, gpu.name) + reserved
         if weights + compute <= room:
             reason = f"{format_bytes(room)} was free there beside the model"
             return ProjectorPlan(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,8 @@ from localfab.tui.local_backend import ChatModel, LoadCancelled, Loader
 if TYPE_CHECKING:
     from localfab.config import Config, Paths
     from localfab.plan import Wishes
+    from localfab.plan.projector import ProjectorPlan
+    from localfab.runtime import ModelChoice
 
 
 def model_loader(
@@ -41,6 +44,7 @@ def model_loader(
 
         progress(LoadProgress("finding and planning the model", 0.0, name))
         choice = choose_model(name, paths, wishes or wishes_from_options(config, ctx_size=ctx_size))
+        choice, vision = plan_vision(choice, mmproj)  # before the load: it may need GPU room
         chosen, path = choice.plan, choice.path
         plan_lines = plan_summary(chosen)
         detail = " · ".join(plan_lines)
@@ -58,7 +62,7 @@ def model_loader(
             raise LoadCancelled()
         if template_file is not None:
             use_template(loaded, template_file)
-        seeing = with_projector(loaded, choice, mmproj)
+        seeing = vision.attach(loaded)
         if seeing:
             loaded.notices.append(seeing)
         notes = attach_prompt_cache(loaded.engine, chosen, paths, config)
@@ -80,25 +84,52 @@ def model_loader(
     return load
 
 
-def with_projector(loaded: Any, choice: Any, mmproj: Path | None) -> str:
-    """The model's vision projector (`mmproj`, or the one beside its file) planned and loaded
-    beside it; what to tell the user ("" for none). A projector given that cannot be used
-    stops the load; one found beside the model only gives a note."""
-    from localfab.engine.vision import attach_projector
+UNUSABLE = "images off: the projector beside the model cannot be used ({})"
+
+
+@dataclass(frozen=True)
+class Vision:
+    """The model's vision projector as planned with it, to attach once the model is loaded."""
+
+    path: Path | None = None  # None: no projector (or one beside the model that cannot be used)
+    placed: ProjectorPlan | None = None
+    given: bool = False  # --mmproj named it (else it was found beside the model)
+    note: str = ""  # why the one beside the model is not used
+
+    def attach(self, loaded: Any) -> str:
+        """Attach it where its plan put it; what to tell the user ("" for none). A projector
+        given that cannot be used stops the load; one found beside the model only a note."""
+        from localfab.engine.vision import attach_projector
+
+        if self.path is None or self.placed is None:
+            return self.note
+        try:
+            attach_projector(loaded.engine, self.path, use_gpu=self.placed.use_gpu)
+        except LocalfabError as exc:
+            if self.given:
+                loaded.close()
+                raise
+            return UNUSABLE.format(exc)
+        return f"reads images: {self.placed.describe()}; {self.placed.image_cost()}"
+
+
+def plan_vision(choice: ModelChoice, mmproj: Path | None) -> tuple[ModelChoice, Vision]:
+    """The model's vision projector (`mmproj`, or the one beside its file) planned with it
+    before either loads, and the model's choice to load with it (`place_projector`)."""
     from localfab.runtime import find_projector
 
     path = mmproj or find_projector(choice.path)
     if path is None:
-        return ""
+        return choice, Vision()
     try:
-        placed = choice.place_projector(path)
-        attach_projector(loaded.engine, path, use_gpu=placed.use_gpu)
+        together, placed = choice.place_projector(path)
     except LocalfabError as exc:
         if mmproj is not None:
-            loaded.close()
             raise
-        return f"images off: the projector beside the model cannot be used ({exc})"
-    return f"reads images: {placed.describe()}; {placed.image_cost()}"
+        return choice, Vision(
+            note=f"images off: the projector beside the model cannot be used ({exc})"
+        )
+    return together, Vision(path, placed, given=mmproj is not None)
 
 
 def use_template(loaded: Any, path: Path) -> None:

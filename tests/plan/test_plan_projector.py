@@ -10,7 +10,7 @@ import pytest
 from localfab.gguf.projector import ProjectorFacts, read_projector
 from localfab.machine.probes import GiB, MiB, machine_from_profile_name
 from localfab.plan import Wishes, plan
-from localfab.plan.projector import plan_projector, projector_compute
+from localfab.plan.projector import gpu_need, plan_projector, plan_together, projector_compute
 from tests.engine.test_vision import MMPROJ
 from tests.plan.test_plan import cpu_machine, synthetic
 
@@ -58,6 +58,52 @@ def test_without_offload_or_room_it_goes_on_the_cpu_and_says_why() -> None:
     moved = plan_projector(full, GEMMA3_4B, machine, name="p")
     assert moved.fits and moved.device == "CPU"
     assert "the GPU has" in moved.reason and "left beside the model" in moved.reason
+
+
+def test_the_projectors_room_on_the_gpu_is_kept_before_the_model_fills_it() -> None:
+    """On a 6 GB card the planner fills what the model leaves with context; planned together,
+    the projector's room is kept first and the model gets the rest (as Ollama does)."""
+    machine = machine_from_profile_name("rtx2060-6gb")
+    model = synthetic("gemma-3-4b-it")
+    alone = plan(model, machine, Wishes())
+    assert plan_projector(alone, GEMMA3_4B, machine, name="p").device == "CPU"  # 74 MiB left
+    together, placed = plan_together(model, alone, GEMMA3_4B, machine, Wishes(), name="p")
+    assert placed.fits and placed.use_gpu and placed.device == alone.gpu
+    assert together.fits and together.n_gpu_layers == alone.n_gpu_layers  # all layers still
+    # A quantized KV cache gave the room (the planner's choice before a smaller context).
+    assert (together.n_ctx, together.type_k) == (alone.n_ctx, "q8_0") and alone.type_k == "f16"
+    gpu = together.device_memory(together.gpu)
+    assert gpu is not None and 0 <= gpu.free_left  # the model in what the projector leaves
+    assert placed.total <= placed.room == gpu.free_left + gpu_need(GEMMA3_4B)
+    assert "kept before the model was planned (KV cache q8_0/q8_0 instead of f16)" in (
+        placed.reason
+    )
+    assert "kept before the model" in placed.describe()
+
+
+def test_a_model_larger_than_the_card_gives_layers_for_the_projector() -> None:
+    machine = machine_from_profile_name("rtx3060-laptop-6gb")
+    model = synthetic("Llama-3.1-8B-Instruct")
+    alone = plan(model, machine, Wishes(n_ctx=8192))  # a context the user chose stays
+    together, placed = plan_together(model, alone, GEMMA3_4B, machine, Wishes(n_ctx=8192), name="p")
+    assert placed.use_gpu and together.n_ctx == 8192
+    assert together.n_gpu_layers < alone.n_gpu_layers
+    assert "GPU layers instead of" in placed.reason
+
+
+def test_pinned_layers_or_no_offload_leave_the_model_as_planned() -> None:
+    machine = machine_from_profile_name("rtx2060-6gb")
+    model = synthetic("gemma-3-4b-it")
+    for wishes, offload in ((Wishes(n_gpu_layers=99), True), (Wishes(), False)):
+        alone = plan(model, machine, wishes)
+        together, placed = plan_together(
+            model, alone, GEMMA3_4B, machine, wishes, name="p", offload=offload
+        )
+        assert together is alone and placed.device == "CPU" and placed.fits
+    on_cpu = cpu_machine()
+    alone = plan(model, on_cpu, Wishes())
+    together, placed = plan_together(model, alone, GEMMA3_4B, on_cpu, Wishes(), name="p")
+    assert together is alone and placed.device == "CPU"
 
 
 def test_a_projector_that_fits_nowhere_says_what_to_do() -> None:
