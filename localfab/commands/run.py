@@ -206,10 +206,8 @@ def run(
     tools = load_tools(**tool_flags, raw=raw)
     text = read_prompt(prompt)
     config = Config.load(paths := default_paths())
-    flags = (prompt_cache, think_flags, load_flags, spec_flags)
-    loaded, choice, speculative = open_for_run(
-        model, paths, config, verbose, *flags, vision=vision_flags
-    )
+    flags = (prompt_cache, think_flags, load_flags, spec_flags, vision_flags)
+    loaded, choice, speculative = open_for_run(model, paths, config, verbose, *flags)
     images = run_images(loaded, vision_flags, raw=raw)
     no_ledger = no_ledger or choice is None  # the ledger records this machine's work only
     # An explicit -n is a hard cap (llama.cpp); only the configured limit goes on by itself.

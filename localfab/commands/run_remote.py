@@ -93,7 +93,6 @@ def open_for_run(
     think_flags: dict[str, Any],
     load_flags: dict[str, Any],
     spec_flags: dict[str, Any],
-    *,
     vision: dict[str, Any] | None = None,
 ) -> tuple[Any, ModelChoice | None, SpecSettings | None]:
     """`run`'s model, ready (see `ready`): loaded here as planned (and its choice, its
