@@ -107,11 +107,7 @@ def open_for_run(
         ready(remote, paths, config, False, think_flags)
         return remote, None, None
     speculative = speculation(config, paths, spec_flags)
-    choice = plan_model(model, paths, config, verbose, load_flags)
-    if vision is not None:
-        from localfab.commands.serve_vision import plan_run_vision
-
-        choice = plan_run_vision(choice, vision)
+    choice = plan_model(model, paths, config, verbose, load_flags, vision)
     loaded = choice.open(speculative=speculative)
     use_cache = config.prompt_cache if prompt_cache is None else prompt_cache
     ready(loaded, paths, config, use_cache, think_flags)
@@ -119,19 +115,31 @@ def open_for_run(
 
 
 def plan_model(
-    model: str, paths: Paths, config: Config, verbose: int, load_flags: dict[str, Any]
+    model: str,
+    paths: Paths,
+    config: Config,
+    verbose: int,
+    load_flags: dict[str, Any],
+    vision: dict[str, Any] | None = None,
 ) -> ModelChoice:
     """The model and its plan: the planner picks the context, GPU layers, KV types and
-    threads for this machine, explicit options override it; -v shows the plan first, even
-    one that does not fit (which then stops here)."""
+    threads for this machine, explicit options override it, and the vision projector of
+    `vision` (--image, --mmproj) is planned with it; -v shows the plan first, even one that
+    does not fit (which then stops here)."""
     from localfab.runtime import choose_model, wishes_from_options
 
     wishes = wishes_from_options(config, **load_flags)
     choice = choose_model(model, paths, wishes, require_fit=False)
+    if vision is not None and choice.plan.fits:
+        from localfab.commands.serve_vision import plan_run_vision
+
+        choice = plan_run_vision(choice, vision)
     if verbose:
         from localfab.commands.planning import render_plan
 
         click.echo(render_plan(choice.plan, choice.machine), err=True)
+        if (placed := (vision or {}).get("planned")) is not None:
+            click.echo(f"{placed.describe()}\n{placed.image_cost()}", err=True)
     choice.plan.require_fit()
     return choice
 

@@ -88,6 +88,8 @@ def plan_vision(
         click.echo(f"localfab: warning: images off: {exc}", err=True)
         return choice, None
     options["mmproj"] = path
+    for warning in (w for w in together.plan.warnings if w not in choice.plan.warnings):
+        click.echo(f"localfab: warning: {warning}", err=True)  # of the model planned again
     return together, placed
 
 
@@ -108,6 +110,9 @@ def attach_vision(loaded: Any, options: dict[str, Any]) -> str | None:
     return f"{placed.describe()}; {placed.image_cost()}; {said}"
 
 
+NO_PROJECTOR = "--image needs the model's vision projector: add --mmproj FILE"
+
+
 def plan_run_vision(choice: ModelChoice, flags: dict[str, Any]) -> ModelChoice:
     """`run`'s projector (--mmproj, or for --image the one beside the model) planned with
     the model before either loads (kept in `flags`), and the model's choice to load with it."""
@@ -116,6 +121,8 @@ def plan_run_vision(choice: ModelChoice, flags: dict[str, Any]) -> ModelChoice:
         from localfab.runtime import find_projector
 
         projector = flags["mmproj"] = find_projector(choice.path)  # the one beside the model
+        if projector is None:  # said before the model loads
+            raise UsageError(NO_PROJECTOR)
     if projector is None:
         return choice
     choice, flags["planned"] = choice.place_projector(Path(projector))
@@ -129,7 +136,7 @@ def run_images(loaded: Any, flags: dict[str, Any], *, raw: bool) -> list[bytes]:
     paths, projector = flags["images"], flags["mmproj"]
     if projector is None:
         if paths:
-            raise UsageError("--image needs the model's vision projector: add --mmproj FILE")
+            raise UsageError(NO_PROJECTOR)
         return []
     if raw and paths:
         raise UsageError("--raw sends text only: leave out --raw to send images")

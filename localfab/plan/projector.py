@@ -5,10 +5,11 @@ GPU with `--mmproj-offload` (llama-server's default) where there is one, else th
 compute buffer is reserved at load for the largest image (the projector's own square size):
 the peak of ggml's graph allocator over the vision transformer's graph, modelled below by its
 phases and checked against the sizes llama.cpp reports (`tests/plan/test_plan_projector.py`).
-The projector goes where the model's plan leaves room for it; where that is not on the GPU,
-`plan_together` keeps its room there first and plans the model in the rest (a smaller context,
-a quantized KV cache or fewer layers), as Ollama does: an image is encoded on the GPU many
-times faster than on the CPU, while a layer or two fewer costs the reply a few percent.
+With offload, `plan_together` keeps the projector's room on the GPU first and plans the model
+in the rest, as Ollama does: where the model's plan left that much free, nothing changes but
+the accounting (a draft model placed later does not count the projector's bytes as free);
+where it did not, the model gets a quantized KV cache, a smaller context or fewer layers,
+since an image is encoded on the GPU many times faster than on the CPU.
 
 An image costs its tokens in the context (the KV cells they fill, like text) and, while it is
 encoded, the compute buffer reserved above: nothing more per image.
@@ -125,11 +126,13 @@ def plan_together(
     name: str,
     offload: bool = True,
 ) -> tuple[Plan, ProjectorPlan]:
-    """The model's plan and its projector's: `target` with the projector beside it where it
-    fits on the GPU there; else, unless -ngl pins the model's layers, the model planned again
-    with the projector's room on the GPU kept first, where the model still fits."""
+    """The model's plan and its projector's: with offload, the model planned again with the
+    projector's room on its GPU kept first, where the model still fits so (for a model whose
+    plan left that room the same plan, its free memory less the projector's); else `target`
+    with the projector beside it (on the CPU where the GPU has no room and -ngl pins the
+    model's layers)."""
     placed = plan_projector(target, proj, machine, name=name, offload=offload)
-    if placed.use_gpu or not offload or target.gpu is None or wishes.n_gpu_layers is not None:
+    if not offload or target.gpu is None:
         return target, placed
     need = gpu_need(proj)
     devices = tuple(
@@ -143,6 +146,8 @@ def plan_together(
     moved = plan_projector(again, proj, machine, name=name, reserved=need)
     if not moved.use_gpu:
         return target, placed
+    if placed.use_gpu:  # it fitted beside the model's plan: the same place, counted in it
+        return again, replace(moved, reason=placed.reason)
     kept = f"its room there was kept before the model was planned ({_changes(target, again)})"
     return again, replace(moved, reason=kept)
 

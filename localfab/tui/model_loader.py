@@ -126,9 +126,7 @@ def plan_vision(choice: ModelChoice, mmproj: Path | None) -> tuple[ModelChoice, 
     except LocalfabError as exc:
         if mmproj is not None:
             raise
-        return choice, Vision(
-            note=f"images off: the projector beside the model cannot be used ({exc})"
-        )
+        return choice, Vision(note=UNUSABLE.format(exc))
     return together, Vision(path, placed, given=mmproj is not None)
 
 

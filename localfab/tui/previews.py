@@ -2,15 +2,20 @@
 the terminal has: Sixel or kitty's graphics protocol, else coloured half cells (any terminal
 with true colour). `image_previews` in config.toml: auto, halfcell or off (the chips alone).
 
-textual-image asks the terminal what it draws (an escape sequence and its answer), which works
-only before the app starts: Textual then reads every answer itself. `detect` asks once, at
-start; until then (and in tests that do not choose) no pictures are drawn, only chips.
+textual-image asks the terminal what it draws and its cell size (escape sequences and their
+answers; auto and halfcell both, off not), which works only before the app starts: Textual then
+reads every answer itself. `detect` asks once, at start; until then (and in tests that do not
+choose) no pictures are drawn, only chips. Pictures are decoded one at a time (a big PNG takes
+a few hundred MB while it is), small, off the app's thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +37,7 @@ FORMATS = ("PNG", "JPEG", "GIF", "BMP")  # what the chat attaches; nothing else 
 
 # The textual-image widget class that draws (given a picture), or None: no pictures.
 _drawer: Callable[..., Widget] | None = None
+_decoding = threading.Lock()  # one image decoded at a time, whatever the messages on screen
 
 
 def detect(mode: str) -> str:
@@ -53,6 +59,8 @@ def detect(mode: str) -> str:
         from textual_image.widget import Image as BestWidget
     except Exception:  # a terminal that answers garbage, a missing Pillow: chips alone
         return "off"
+    finally:
+        _drop_late_answers()
     _drawer = BestWidget
     return Best.__module__.rsplit(".", 1)[-1]  # sixel, tgp, halfcell (or unicode)
 
@@ -60,6 +68,17 @@ def detect(mode: str) -> str:
 def _on_a_terminal() -> bool:
     streams = (sys.__stdin__, sys.__stdout__)
     return all(s is not None and s.isatty() for s in streams)
+
+
+def _drop_late_answers() -> None:
+    """Discard what the terminal sent and nobody read (an answer that came after its wait):
+    the app would take it for keys typed."""
+    if not _on_a_terminal() or sys.platform == "win32":
+        return
+    import termios
+
+    with contextlib.suppress(OSError, termios.error):
+        termios.tcflush(sys.__stdin__.fileno(), termios.TCIFLUSH)  # type: ignore[union-attr]
 
 
 def drawing() -> bool:
@@ -74,7 +93,9 @@ def thumbnail(picture: bytes | Path) -> Picture | None:
 
     try:
         data = picture if isinstance(picture, bytes) else _read(picture)
-        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+        if data is None:
+            return None
+        with _decoding, Image.open(io.BytesIO(data), formats=FORMATS) as image:
             width, height = image.size
             if width * height > MAX_PIXELS or width < 1 or height < 1:
                 return None
@@ -85,7 +106,10 @@ def thumbnail(picture: bytes | Path) -> Picture | None:
         return None
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path) -> bytes | None:
+    """The file's bytes; None for what is no regular file (a pipe would block the reader)."""
+    if not path.is_file():
+        return None
     with path.open("rb") as fh:
         return fh.read(MAX_IMAGE_BYTES + 1)
 
@@ -122,7 +146,7 @@ def rows_of(widths: Sequence[int], room: int, gap: int = 1) -> list[list[int]]:
 
 
 class ImagePreviews(Vertical):
-    """A message's pictures in rows as wide as the message; each comes when it is decoded (off
+    """A message's pictures in rows as wide as the message, shown once they are decoded (off
     the app's thread); a narrower message moves the last of a row to the next."""
 
     DEFAULT_CSS = """
@@ -130,6 +154,10 @@ class ImagePreviews(Vertical):
         height: auto;
         width: 1fr;
         margin: 0 0 1 0;
+        display: none;
+    }
+    ImagePreviews.-shown {
+        display: block;
     }
     ImagePreviews > Horizontal {
         height: auto;
@@ -141,39 +169,46 @@ class ImagePreviews(Vertical):
 
     def __init__(self, pictures: Sequence[bytes | Path | None]) -> None:
         super().__init__(classes="previews")
-        self.pictures = list(pictures)
-        self._small: list[Picture] = []  # decoded so far, in order
+        self._pending = list(pictures)  # dropped once decoded (an image can be 64 MiB)
+        self._small: list[Picture] = []
         self._rows: list[list[int]] = []  # as placed
+        self._placing = asyncio.Lock()  # a resize while the rows are rebuilt waits for them
 
     def on_mount(self) -> None:
         self._decode()
 
     @work(thread=True, group="previews", exit_on_error=False)
     def _decode(self) -> None:
-        for picture in self.pictures:
-            small = thumbnail(picture) if picture is not None else None
-            if small is not None:
-                self.app.call_from_thread(self._add, small)
+        pending, self._pending = self._pending, []
+        small = [thumbnail(p) for p in pending if p is not None]
+        self.app.call_from_thread(self._show, [s for s in small if s is not None])
 
-    def _add(self, small: Picture) -> None:
-        self._small.append(small)
-        self._place()
+    def _show(self, small: list[Picture]) -> None:
+        self._small = small
+        self.call_later(self._place)
 
-    def on_resize(self) -> None:
-        self._place()
+    async def on_resize(self) -> None:
+        await self._place()
 
-    def _place(self) -> None:
+    async def _place(self) -> None:
         """Lay the pictures out in rows for the width there is (again only when it changes)."""
-        if _drawer is None or not self.is_attached:
+        async with self._placing:
+            await self._place_rows()
+
+    async def _place_rows(self) -> None:
+        if _drawer is None or not self.is_attached or not self._small:
             return
         sizes = [cells(p.width, p.height) for p in self._small]
         rows = rows_of([w for w, _ in sizes], self.size.width or 80)
         if rows == self._rows:
             return
         self._rows = rows
-        self.remove_children()
+        await self.remove_children()
+        placed = []
         for row in rows:
             drawn = [_drawer(self._small[i], classes="picture") for i in row]
             for i, widget in zip(row, drawn, strict=True):
                 widget.styles.width, widget.styles.height = sizes[i]
-            self.mount(Horizontal(*drawn))
+            placed.append(Horizontal(*drawn))
+        await self.mount_all(placed)
+        self.add_class("-shown")

@@ -91,19 +91,40 @@ def test_a_model_larger_than_the_card_gives_layers_for_the_projector() -> None:
     assert "GPU layers instead of" in placed.reason
 
 
-def test_pinned_layers_or_no_offload_leave_the_model_as_planned() -> None:
+def test_pinned_layers_stay_and_no_offload_leaves_the_model_as_planned() -> None:
     machine = machine_from_profile_name("rtx2060-6gb")
     model = synthetic("gemma-3-4b-it")
-    for wishes, offload in ((Wishes(n_gpu_layers=99), True), (Wishes(), False)):
-        alone = plan(model, machine, wishes)
-        together, placed = plan_together(
-            model, alone, GEMMA3_4B, machine, wishes, name="p", offload=offload
-        )
-        assert together is alone and placed.device == "CPU" and placed.fits
+    pinned = Wishes(n_gpu_layers=99)
+    alone = plan(model, machine, pinned)
+    together, placed = plan_together(model, alone, GEMMA3_4B, machine, pinned, name="p")
+    assert placed.use_gpu and together.n_gpu_layers == alone.n_gpu_layers  # -ngl as given
+    alone = plan(model, machine, Wishes())
+    together, placed = plan_together(
+        model, alone, GEMMA3_4B, machine, Wishes(), name="p", offload=False
+    )
+    assert together is alone and placed.device == "CPU" and placed.fits
     on_cpu = cpu_machine()
     alone = plan(model, on_cpu, Wishes())
     together, placed = plan_together(model, alone, GEMMA3_4B, on_cpu, Wishes(), name="p")
     assert together is alone and placed.device == "CPU"
+
+
+def test_a_projector_with_room_beside_the_model_is_counted_in_its_plan() -> None:
+    """Where the model's plan left room, the projector goes there as before, and the plan's
+    free memory no longer counts it (a draft model placed next cannot take the same bytes)."""
+    machine = machine_from_profile_name("rtx3060-laptop-6gb")
+    model = synthetic("gemma-3-4b-it")
+    alone = plan(model, machine, SMALL_CTX)
+    together, placed = plan_together(model, alone, GEMMA3_4B, machine, SMALL_CTX, name="p")
+    assert placed.use_gpu and "was free there beside the model" in placed.reason
+    assert (together.n_ctx, together.type_k, together.n_gpu_layers) == (
+        alone.n_ctx,
+        alone.type_k,
+        alone.n_gpu_layers,
+    )
+    before, after = alone.device_memory(alone.gpu), together.device_memory(together.gpu)
+    assert before is not None and after is not None
+    assert after.free_left == pytest.approx(before.free_left - gpu_need(GEMMA3_4B), abs=MiB)
 
 
 def test_a_projector_that_fits_nowhere_says_what_to_do() -> None:

@@ -48,7 +48,8 @@ def test_core_layers_import_without_the_front_end_libraries():
         "import localfab.chat.session, localfab.plan, localfab.hub, localfab.store, "
         "localfab.gguf.facts, localfab.machine.probes, localfab.config, localfab.engine, "
         "localfab.runtime\n"
-        "print(sorted(m for m in ('textual', 'starlette', 'uvicorn', 'llama_cpp') "
+        "print(sorted(m for m in ('textual', 'textual_image', 'PIL', 'starlette', 'uvicorn', "
+        "'llama_cpp') "
         "if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -24,11 +25,19 @@ from tests.tui.test_images import command
 from tests.tui_support import build_app, finished, loaded, send, wait_for
 
 
-def png_header(width: int, height: int) -> bytes:
-    """A PNG that says it is `width`×`height` and holds almost nothing (a bomb's shape)."""
+def grey_png(width: int, height: int) -> bytes:
+    """A whole grey PNG of `width`×`height`, small on disk (its rows compress to nothing),
+    width×height×3 bytes once decoded."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    packer = zlib.compressobj(9)
+    row = b"\x00" + b"\x80" * (3 * width)
+    data = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    crc = zlib.crc32(b"IHDR" + ihdr) & 0xFFFFFFFF
-    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", crc)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
 
 
 def test_a_picture_is_decoded_small_and_in_rgb(tmp_path: Path) -> None:
@@ -50,8 +59,13 @@ def test_a_picture_is_decoded_small_and_in_rgb(tmp_path: Path) -> None:
 def test_what_cannot_be_decoded_has_no_picture(tmp_path: Path) -> None:
     assert thumbnail(b"not an image") is None
     assert thumbnail(NOISE[: len(NOISE) // 2]) is None  # cut short
-    assert thumbnail(png_header(30_000, 30_000)) is None  # refused before any pixel is read
+    # 72 megapixels (a 216 MB decode, under Pillow's own bomb limit): refused before decoding.
+    bomb = grey_png(9000, 8000)
+    assert len(bomb) < previews.MAX_IMAGE_BYTES and thumbnail(bomb) is None
+    assert thumbnail(grey_png(900, 800)) is not None  # the same, smaller: decoded
     assert thumbnail(tmp_path / "gone.png") is None
+    os.mkfifo(tmp_path / "pipe.png")
+    assert thumbnail(tmp_path / "pipe.png") is None  # not read: a pipe would block
     tiff = io.BytesIO()
     Image.new("RGB", (4, 4)).save(tiff, "TIFF")
     assert thumbnail(tiff.getvalue()) is None  # only what the chat attaches is decoded
@@ -72,12 +86,15 @@ def test_pictures_go_in_rows_as_wide_as_the_message() -> None:
     assert rows_of([], 40) == []
 
 
-def test_pictures_are_chosen_before_the_app_runs() -> None:
-    assert detect("off") == "off" and not previews.drawing()
-    # Not on a terminal (as here): nobody to ask what it draws, nobody to look.
-    assert detect("auto") == "off" and not previews.drawing()
-    assert detect("halfcell") == "halfcell" and previews.drawing()
-    detect("off")
+def test_pictures_are_chosen_before_the_app_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(previews, "_on_a_terminal", lambda: False)
+    try:
+        assert detect("off") == "off" and not previews.drawing()
+        # Not on a terminal: nobody to ask what it draws, nobody to look.
+        assert detect("auto") == "off" and not previews.drawing()
+        assert detect("halfcell") == "halfcell" and previews.drawing()
+    finally:
+        detect("off")
 
 
 def pictures_of(view: ChatMessage) -> list[object]:
