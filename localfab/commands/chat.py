@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,15 +84,20 @@ def saved_chat_model(history: History, session_id: int | None, model: str | None
     return model or stored.model or None
 
 
-def ask_terminal(previews: str) -> threading.Thread:
-    """Ask the terminal what pictures it draws (a few escape sequences and their answers, up to
-    a few hundred ms), beside the app's start: join it before the app runs, which then reads
-    every answer itself."""
+@contextlib.contextmanager
+def terminal_asked(previews: str) -> Iterator[None]:
+    """Ask the terminal what pictures it draws (a few escape sequences and their answers, up
+    to a few hundred ms) while the body builds the app; done when the body ends, also on an
+    error, since the app then reads every answer itself and the terminal must be left as it
+    was."""
     from localfab.tui.previews import detect
 
     asking = threading.Thread(target=detect, args=(previews,), name="previews", daemon=True)
     asking.start()
-    return asking
+    try:
+        yield
+    finally:
+        asking.join()
 
 
 def run_app(app: LocalfabApp, history: History) -> None:
@@ -123,46 +129,45 @@ def open_app(
 
     paths = default_paths()
     config, config_problem = load_config(paths)
-    asking = ask_terminal(config.image_previews)
-    history, problem = open_history(paths.sessions_db)
-    model = saved_chat_model(history, session_id, model)
-    session_id = None if new else session_id
+    with terminal_asked(config.image_previews):  # beside the app's start
+        history, problem = open_history(paths.sessions_db)
+        model = saved_chat_model(history, session_id, model)
+        session_id = None if new else session_id
 
-    backend_for = backend_factory(
-        paths,
-        history,
-        lambda: app.config if app is not None else config,
-        **backend,
-    )
-
-    def facts_for(name: str) -> ModelFacts:
-        from localfab.gguf.facts import read_facts  # loaded when the fit screen opens
-
-        return read_facts(Store(paths).resolve(name))
-
-    app: LocalfabApp | None = None
-    remote: Remote | None = backend.get("remote")
-    start = remote_label(remote) if remote is not None else model
-    first = backend_for(start) if start else None
-    app = make_app(
-        AppDeps(
-            models=LocalModels(paths, known_remotes(config, backend.get("remote"))),
-            backend_factory=backend_for,
-            facts_for=facts_for,
-            config=config,
-            paths=paths,
-            notices=tuple(p for p in (config_problem, problem) if p),
-            backend=first,
-            history=history,
-            model_name=start,
-            session_id=session_id,
-            system=system,
-            theme=theme or config.theme or None,
-            themes_dir=paths.themes_dir,
-            keymap=config.keys,
+        backend_for = backend_factory(
+            paths,
+            history,
+            lambda: app.config if app is not None else config,
+            **backend,
         )
-    )
-    asking.join()
+
+        def facts_for(name: str) -> ModelFacts:
+            from localfab.gguf.facts import read_facts  # loaded when the fit screen opens
+
+            return read_facts(Store(paths).resolve(name))
+
+        app: LocalfabApp | None = None
+        remote: Remote | None = backend.get("remote")
+        start = remote_label(remote) if remote is not None else model
+        first = backend_for(start) if start else None
+        app = make_app(
+            AppDeps(
+                models=LocalModels(paths, known_remotes(config, backend.get("remote"))),
+                backend_factory=backend_for,
+                facts_for=facts_for,
+                config=config,
+                paths=paths,
+                notices=tuple(p for p in (config_problem, problem) if p),
+                backend=first,
+                history=history,
+                model_name=start,
+                session_id=session_id,
+                system=system,
+                theme=theme or config.theme or None,
+                themes_dir=paths.themes_dir,
+                keymap=config.keys,
+            )
+        )
     run_app(app, history)
 
 
