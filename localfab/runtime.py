@@ -186,10 +186,9 @@ class ModelChoice:
         self, path: Path, *, offload: bool = True
     ) -> tuple[ModelChoice, ProjectorPlan]:
         """The vision projector `path` planned with this model (before either loads), and the
-        model's choice to load with it: this one, or, where the projector would not fit on the
-        GPU beside it, the model planned again with the projector's room there kept first
-        (`plan.projector.plan_together`). UsageError, in one line, for a file that is no
-        projector or one that fits nowhere."""
+        model's choice to load with it: with offload, the model planned again with the
+        projector's room on the GPU kept first (`plan.projector.plan_together`). UsageError,
+        in one line, for a file that is no projector or one that fits nowhere."""
         from localfab.gguf.facts import read_facts
 
         together, placed = plan_with_projector(

@@ -128,9 +128,8 @@ def plan_together(
 ) -> tuple[Plan, ProjectorPlan]:
     """The model's plan and its projector's: with offload, the model planned again with the
     projector's room on its GPU kept first, where the model still fits so (for a model whose
-    plan left that room the same plan, its free memory less the projector's); else `target`
-    with the projector beside it (on the CPU where the GPU has no room and -ngl pins the
-    model's layers)."""
+    plan left that room, the same plan with its free memory less the projector's); else
+    `target` with the projector beside it (on the CPU where the GPU has no room left)."""
     placed = plan_projector(target, proj, machine, name=name, offload=offload)
     if not offload or target.gpu is None:
         return target, placed
@@ -158,7 +157,9 @@ def _changes(before: Plan, after: Plan) -> str:
     if after.n_ctx != before.n_ctx:
         said.append(f"context {after.n_ctx} instead of {before.n_ctx}")
     if (after.type_k, after.type_v) != (before.type_k, before.type_v):
-        said.append(f"KV cache {after.type_k}/{after.type_v} instead of {before.type_k}")
+        said.append(
+            f"KV cache {after.type_k}/{after.type_v} instead of {before.type_k}/{before.type_v}"
+        )
     if after.n_gpu_layers != before.n_gpu_layers:
         said.append(f"{after.n_gpu_layers} GPU layers instead of {before.n_gpu_layers}")
     return "; ".join(said) or "the model's plan is the same"

@@ -75,7 +75,7 @@ def test_the_projectors_room_on_the_gpu_is_kept_before_the_model_fills_it() -> N
     gpu = together.device_memory(together.gpu)
     assert gpu is not None and gpu.free_left >= 0  # the model in what the projector leaves
     assert placed.total <= placed.room == gpu.free_left + gpu_need(GEMMA3_4B)
-    assert "kept before the model was planned (KV cache q8_0/q8_0 instead of f16)" in (
+    assert "kept before the model was planned (KV cache q8_0/q8_0 instead of f16/f16)" in (
         placed.reason
     )
     assert "kept before the model" in placed.describe()
