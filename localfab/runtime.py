@@ -105,13 +105,13 @@ def probe_this_machine() -> Machine:
     return probe_machine(backend_info=engine_backend_info)
 
 
-def plan_for(path: Path, wishes: Wishes) -> tuple[Plan, Machine]:
-    """Plan the load of `path` on this machine."""
+def plan_for(path: Path, wishes: Wishes) -> tuple[Plan, Machine, ModelFacts]:
+    """Plan the load of `path` on this machine (and the header facts it was planned from)."""
     from localfab.gguf.facts import read_facts
     from localfab.plan import plan
 
-    machine = probe_this_machine()
-    return plan(read_facts(path), machine, wishes), machine
+    facts, machine = read_facts(path), probe_this_machine()
+    return plan(facts, machine, wishes), machine, facts
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,12 @@ class ModelChoice:
     plan: Plan
     machine: Machine
     wishes: Wishes | None = None  # what the user asked for (None: nothing pinned)
+    # The model's header facts the plan was made from (None: read again when needed).
+    facts: ModelFacts | None = field(default=None, compare=False, repr=False)
+
+    def projector_beside(self) -> Path | None:
+        """The vision projector beside the model's file (`find_projector`)."""
+        return find_projector(self.path, self.facts)
 
     @property
     def settings(self) -> EngineSettings:
@@ -191,8 +197,9 @@ class ModelChoice:
         in one line, for a file that is no projector or one that fits nowhere."""
         from localfab.gguf.facts import read_facts
 
+        facts = self.facts or read_facts(self.path)
         together, placed = plan_with_projector(
-            read_facts(self.path), self.plan, self.machine, self.wishes, path, offload=offload
+            facts, self.plan, self.machine, self.wishes, path, offload=offload
         )
         if not placed.fits:
             raise UsageError(placed.describe())
@@ -229,16 +236,17 @@ def plan_with_projector(
     )
 
 
-def find_projector(model: Path) -> Path | None:
+def find_projector(model: Path, facts: ModelFacts | None = None) -> Path | None:
     """The vision projector beside a model file: a `*mmproj*.gguf` in its folder (where `pull`
     puts a repository's) made for a model of its embedding size (or saying none), the one
-    whose quant is closest to the model's first (as `pull` picks); None when none is."""
+    whose quant is closest to the model's first (as `pull` picks); None when none is.
+    `facts`: the model's, where they were read already."""
     from localfab.gguf.facts import read_facts
     from localfab.gguf.projector import read_projector
     from localfab.hub.files import RemoteFile, pick_projector
 
     candidates = sorted(model.parent.glob("*mmproj*.gguf"))
-    n_embd = read_facts(model).n_embd if candidates else 0
+    n_embd = (facts or read_facts(model)).n_embd if candidates else 0
     usable = []
     for candidate in candidates:
         try:
@@ -259,10 +267,10 @@ def choose_model(
     may show the plan first and call `choice.plan.require_fit()` itself.
     """
     path = resolve_model(name, paths)
-    chosen, machine = plan_for(path, wishes)
+    chosen, machine, facts = plan_for(path, wishes)
     if require_fit:
         chosen.require_fit()
-    return ModelChoice(name=name, path=path, plan=chosen, machine=machine, wishes=wishes)
+    return ModelChoice(name, path, chosen, machine, wishes, facts)
 
 
 def speculation_from(

@@ -74,10 +74,8 @@ def plan_vision(
     GPU room may be kept first: `place_projector`); UsageError, in one line, for a file given
     that is no projector or fits nowhere (one found that cannot be used is left out, with a
     warning)."""
-    from localfab.runtime import find_projector
-
     given = options["mmproj"]
-    path = given or (None if options.get("no_mmproj") else find_projector(choice.path))
+    path = given or (None if options.get("no_mmproj") else choice.projector_beside())
     if path is None:
         return choice, None
     try:
@@ -118,9 +116,7 @@ def plan_run_vision(choice: ModelChoice, flags: dict[str, Any]) -> ModelChoice:
     the model before either loads (kept in `flags`), and the model's choice to load with it."""
     projector = flags["mmproj"]
     if projector is None and flags["images"]:
-        from localfab.runtime import find_projector
-
-        projector = flags["mmproj"] = find_projector(choice.path)  # the one beside the model
+        projector = flags["mmproj"] = choice.projector_beside()
         if projector is None:  # said before the model loads
             raise UsageError(NO_PROJECTOR)
     if projector is None:

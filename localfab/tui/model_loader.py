@@ -116,9 +116,7 @@ class Vision:
 def plan_vision(choice: ModelChoice, mmproj: Path | None) -> tuple[ModelChoice, Vision]:
     """The model's vision projector (`mmproj`, or the one beside its file) planned with it
     before either loads, and the model's choice to load with it (`place_projector`)."""
-    from localfab.runtime import find_projector
-
-    path = mmproj or find_projector(choice.path)
+    path = mmproj or choice.projector_beside()
     if path is None:
         return choice, Vision()
     try:

@@ -313,7 +313,8 @@ def test_the_model_loader_plans_with_the_fit_screens_wishes(monkeypatch, tmp_pat
     def plan_for(path: Path, wishes: Wishes):
         asked.append(wishes)
         machine = machine_from_profile_name(CPU_PROFILE)
-        return plan(facts("Llama-3.1-8B-Instruct"), machine, wishes), machine
+        model = facts("Llama-3.1-8B-Instruct")
+        return plan(model, machine, wishes), machine, model
 
     monkeypatch.setattr(runtime, "resolve_model", lambda name, paths: tmp_path / "m.gguf")
     monkeypatch.setattr(runtime, "plan_for", plan_for)

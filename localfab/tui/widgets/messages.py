@@ -23,7 +23,6 @@ from localfab.textsafe import visible_controls
 from localfab.tui import previews
 from localfab.tui.backend import ImageChip
 from localfab.tui.clipboard import code_blocks
-from localfab.tui.previews import ImagePreviews
 from localfab.tui.widgets.reply_markdown import ReplyMarkdown
 from localfab.tui.widgets.thought import ThoughtBlock
 
@@ -173,7 +172,7 @@ class MessageView(Vertical):
         if self.images:
             yield Label(image_chips([i.label for i in self.images]), classes="images", markup=False)
             if previews.drawing():
-                yield ImagePreviews([i.picture for i in self.images])
+                yield previews.ImagePreviews([i.picture for i in self.images])
         if self.thought is not None:
             yield self.thought
         with Vertical(classes="body"):
