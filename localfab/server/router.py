@@ -31,10 +31,10 @@ from localfab.server.gate import Gate
 from localfab.server.keys import KeyCheck
 from localfab.server.plumbing import json_response, not_found, read_json, wrap
 from localfab.server.router_models import RouterModel
-from localfab.server.router_pool import Instance, Pool
+from localfab.server.router_pool import Instance, Pool, unloaded_error
 from localfab.server.router_streams import ConvModels
 from localfab.server.settings import ServerSettings
-from localfab.server.streams import conv_id
+from localfab.server.streams import HEADER, conv_id
 
 log = logging.getLogger("localfab.server")
 
@@ -126,9 +126,17 @@ class Router:
         return inst, note
 
     async def forward(
-        self, request: Request, inst: Instance, body: bytes | None, note: str
+        self,
+        request: Request,
+        inst: Instance,
+        body: bytes | None,
+        note: str,
+        *,
+        conv: str | None = None,
     ) -> Response:
-        """The request sent on to the model's server; its answer streamed back as it comes."""
+        """The request sent on to the model's server; its answer streamed back as it comes.
+        `conv`: the conversation id the model's server gets in place of the request's (in its
+        header, or its `conv_id` parameter), scoped by its owner (`router_streams.scoped`)."""
         inst.busy += 1
         inst.last_used = time.monotonic()
         released = False
@@ -140,25 +148,22 @@ class Router:
                 inst.busy -= 1
                 inst.last_used = time.monotonic()  # recency counts from a request's end
                 if inst.busy == 0 and inst.model.id not in self.pool.models:
-                    self.pool.unload(inst)  # gone from the sources while it answered
+                    self.pool.unload(inst, "because it left the model sources")
                 await self.pool.notify()
 
         try:
             if self.pool.fake_timing:
                 await asyncio.sleep(2)
             url = f"http://127.0.0.1:{inst.port}{request.url.path}"
-            # The router answers CORS itself: the model's server sees no Origin.
-            headers = {
-                k: v
-                for k, v in request.headers.items()
-                if k not in ("host", "content-length", "origin")
-            }
+            headers, params = _upstream(request, conv)
             upstream = self.client.build_request(
-                request.method, url, params=request.query_params, headers=headers, content=body
+                request.method, url, params=params, headers=headers, content=body
             )
             answer = await self.client.send(upstream, stream=True)
         except BaseException as exc:
             await release()
+            if isinstance(exc, httpx.HTTPError) and inst.unloaded:
+                raise unloaded_error(inst.model.id, inst, "was sent to it") from exc
             if isinstance(exc, httpx.HTTPError):
                 msg = f"model {inst.model.id} did not answer: {exc}"
                 raise ApiError(msg, "server_error") from exc
@@ -176,6 +181,22 @@ class Router:
             await answer.aclose()
 
         return ProxiedAnswer(answer.aiter_raw(), answer.status_code, out_headers, close)
+
+
+def _upstream(request: Request, conv: str | None) -> tuple[dict[str, str], Any]:
+    """The headers and query a request goes on with to a model's server; the conversation id
+    replaced by `conv` where it is given."""
+    # The router answers CORS itself: the model's server sees no Origin.
+    headers = {
+        k: v for k, v in request.headers.items() if k not in ("host", "content-length", "origin")
+    }
+    params: Any = request.query_params
+    if conv is not None:
+        if HEADER in headers:
+            headers[HEADER] = conv
+        if "conv_id" in params:
+            params = {**params, "conv_id": conv}
+    return headers, params
 
 
 class ProxiedAnswer(StreamingResponse):
@@ -235,9 +256,12 @@ async def proxy_post(router: Router, request: Request) -> Response:
     name = router.canonical(body.get("model"))
     conv = conv_id(request)
     if conv:
-        inst, note = await router_streams.ready_for(router, name, conv, request)
-    else:
-        inst, note = await router.ready(name, router.autoload, request)
+        scope = router_streams.conv_of(router, conv, request)
+        inst, note = await router_streams.ready_for(router, name, scope, request)
+        return await router.forward(
+            request, inst, dumps(body), note, conv=router_streams.scoped(scope)
+        )
+    inst, note = await router.ready(name, router.autoload, request)
     return await router.forward(request, inst, dumps(body), note)
 
 
@@ -276,7 +300,8 @@ async def models(router: Router, request: Request) -> Response:
         status: dict[str, Any] = {"value": inst.status if inst else "unloaded"}
         if inst is not None:
             status["args"] = inst.args
-            if inst.status == "unloaded" and inst.exit_code not in (0, None, -15):
+            failed = inst.exit_code not in (0, None, -15) and not inst.unloaded
+            if inst.status == "unloaded" and failed:
                 status.update(failed=True, exit_code=inst.exit_code)
             status["memory"] = inst.cost.devices
         data.append(
@@ -312,7 +337,7 @@ async def unload(router: Router, request: Request) -> Response:
     inst = router.pool.instances.get(name)
     if inst is None or not inst.running:
         raise ApiError("model is not running")
-    router.pool.unload(inst)
+    router.pool.unload(inst, "by POST /models/unload")
     return json_response({"success": True})
 
 

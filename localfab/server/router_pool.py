@@ -34,6 +34,15 @@ log = logging.getLogger("localfab.server")
 FAKE_TIMING = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
 
 
+def unloaded_error(name: str, inst: Instance, while_: str) -> ApiError:
+    """The 503 of a request whose model the router unloaded on purpose while it `while_`."""
+    return ApiError(
+        f"model name={name} was unloaded {inst.unloaded} while this request {while_}: "
+        "send the request again to load it",
+        "unavailable_error",
+    )
+
+
 @dataclass
 class Waiting:
     """A queue entry: the requests waiting for one model to load."""
@@ -123,6 +132,7 @@ class Pool:
                 if same:
                     continue
                 if inst.status == "loaded" and inst.busy == 0:
+                    inst.unloaded = "because it changed in the model sources"
                     await proc.stop(inst, inst.model.stop_timeout)
                 if new is not None:
                     inst.model, inst.cost = new, await self._cost(new)
@@ -191,14 +201,20 @@ class Pool:
         if note:
             log.warning("router: %s", note)
         inst.status, inst.exit_code, inst.failure, inst.stopping = "loading", None, "", False
+        inst.unloaded = ""
         inst.last_used = time.monotonic()
+        for g in gone:
+            g.unloaded = f"to make room for model {inst.model.id}"
         self.changed.release()
         try:
             path = await asyncio.to_thread(self.resolve, inst.model)
             await asyncio.gather(*(proc.stop(g, g.model.stop_timeout) for g in gone))
             if self.fake_timing:
                 await asyncio.sleep(2)
-            await proc.spawn(inst, path, self.child_args, self.notify)
+            if inst.unloaded:  # unloaded before its server started: it never starts
+                inst.status = "unloaded"
+            else:
+                await proc.spawn(inst, path, self.child_args, self.notify)
         except BaseException as exc:
             proc.failed(inst, exc)
             if not isinstance(exc, Exception):
@@ -235,6 +251,8 @@ class Pool:
                         tried = True
                     elif inst.stopping:
                         pass  # unloading: it loads again once it has exited
+                    elif tried and inst.unloaded:
+                        raise unloaded_error(name, inst, "waited for it to load")
                     elif tried and inst.exit_code not in (0, None):
                         why = f": {inst.failure}" if inst.failure else ""
                         raise ApiError(f"model name={name} failed to load{why}", "server_error")
@@ -288,12 +306,16 @@ class Pool:
             if victims is None:
                 raise ApiError("model limit reached, try again later", "server_error")
             note = await self._start(inst, victims)
+            if inst.status != "loading" and inst.unloaded:
+                raise unloaded_error(name, inst, "was loading it")
             if inst.status != "loading":
                 raise ApiError(f"model name={name} failed to load: {inst.failure}", "server_error")
             return note
 
-    def unload(self, inst: Instance) -> None:
-        """POST /models/unload: ask the model's server to exit (in the background)."""
+    def unload(self, inst: Instance, why: str) -> None:
+        """POST /models/unload: ask the model's server to exit (in the background); a load in
+        progress is given up. `why` says why, to the requests that wait for it."""
+        inst.unloaded = why
         task = asyncio.get_running_loop().create_task(proc.stop(inst, inst.model.stop_timeout))
         proc.keep(self.tasks, task)
 

@@ -51,6 +51,7 @@ class Instance:
     last_used: float = 0.0
     exit_code: int | None = None
     failure: str = ""  # why the last load failed
+    unloaded: str = ""  # why the router unloaded it on purpose since its last load began
     stopping: bool = False
     args: list[str] = field(default_factory=list)
 

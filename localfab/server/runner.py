@@ -6,7 +6,9 @@ its connection forever: slowloris) and a cap on open connections, so that they c
 file descriptors. At the cap, a new connection takes the place of an idle one (no complete
 request head yet, or answered and only the rest of its body still coming), so that sockets
 trickling heads cannot keep out requests that arrive whole; only when every connection has a
-request in progress does a new one get 503 at once.
+request in progress does a new one get 503 at once. A request head that outgrows `HEAD_LIMIT`
+is answered 431 and its connection drained before it is closed (uvicorn answers 400 and closes
+at once, and the bytes still coming make the close a reset the client sees instead).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import resource
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +41,7 @@ FD_RESERVE = 64
 # (within FD_RESERVE); past that a refused connection is closed at once.
 _REFUSED_LINGER = 1.0
 _REFUSED_LINGERING_MAX = 16
+HEAD_LIMIT = 64 * 1024  # bytes of an incomplete request head (h11's receive buffer)
 
 
 def _busy_response(max_connections: int) -> bytes:
@@ -53,6 +57,24 @@ def _busy_response(max_connections: int) -> bytes:
         "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+def _head_too_large_response() -> bytes:
+    body = ApiError(
+        f"the request head (request line and header fields) is larger than the {HEAD_LIMIT} "
+        "bytes allowed: send fewer or shorter header fields (data belongs in the body)",
+        code=431,
+    ).body()
+    head = (
+        "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        "content-type: application/json; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+_HEAD_TOO_LARGE = _head_too_large_response()
 
 
 class EdgeProtocol(H11Protocol):
@@ -71,7 +93,8 @@ class EdgeProtocol(H11Protocol):
     max_connections: int = _DEFAULTS.max_connections
 
     _head_timer: asyncio.TimerHandle | None = None
-    _refused: bool = False
+    _refused: bool = False  # nothing more is read: refused at the cap, or draining (below)
+    _draining: bool = False  # answered 431, the rest of its head read and dropped
     _lingering: ClassVar[list[int]] = [0]  # refused connections still draining
     # Idle connections by client address, each in the order they became idle (oldest first).
     _idle: ClassVar[dict[str, dict[EdgeProtocol, None]]] = {}
@@ -111,6 +134,26 @@ class EdgeProtocol(H11Protocol):
         transport.write_eof()
         self._head_timer = self.loop.call_later(_REFUSED_LINGER, transport.close)
 
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this inside its `except h11.RemoteProtocolError`: the error at hand
+        # says why; h11 hints 431 when the head outgrew its buffer.
+        if getattr(sys.exc_info()[1], "error_status_hint", 400) != 431:
+            super().send_400_response(msg)
+            return
+        log.warning("answered 431: a request head larger than %d bytes", HEAD_LIMIT)
+        self._cancel_head_timer()
+        self.unfile_idle()
+        self._refused = self._draining = True
+        self.transport.write(_HEAD_TOO_LARGE)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        # Closing now, with the head's rest still arriving, would reset the connection and the
+        # client would lose the answer: the answer ends the sending side, and what still comes
+        # is read and dropped until the client closes (or a moment passes).
+        self.transport.write_eof()
+        self._head_timer = self.loop.call_later(_REFUSED_LINGER, self.transport.close)
+
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
@@ -133,7 +176,7 @@ class EdgeProtocol(H11Protocol):
         self._file_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._refused:
+        if self._refused and not self._draining:
             if self._head_timer is not None:
                 self._lingering[0] -= 1
             self._cancel_head_timer()
@@ -244,7 +287,7 @@ def _config(
         server_header=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
-        h11_max_incomplete_event_size=64 * 1024,
+        h11_max_incomplete_event_size=HEAD_LIMIT,
     )
 
 

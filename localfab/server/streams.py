@@ -5,7 +5,14 @@ its events go into a session kept under that id, the reply goes on when the clie
 page reload, a lost network), and the client reads them back from any byte offset with
 `GET /v1/stream?conv_id=ID&from=N` (the replay, then the live events until the reply ends).
 `DELETE /v1/stream?conv_id=ID` is the user's Stop: the reply is cancelled and its session
-forgotten. `POST /v1/streams/lookup` tells a client about the ids it names, never others.
+forgotten. `POST /v1/streams/lookup` tells a client about the ids it names, never others, and
+takes at most `MAX_LOOKUP_IDS` of them (llama-server takes any number, but scans every session
+for each id: a few hundred thousand ids held its event loop for seconds).
+
+A session belongs to the API key that started it: with several keys (`--api-key` given more
+than once, or a key file), each key's holder reads, stops and looks up only its own, and the
+same conversation id under two keys is two sessions. Another key's session is a 404, as if it
+were not there (llama-server lets any key reach any session).
 
 One conversation has at most one session: a new request under the same id cancels the one
 before. A session keeps its last 4 MiB of events and is forgotten 5 minutes after its reply
@@ -16,6 +23,7 @@ slashes.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +45,8 @@ LOST = {
 MAX_BYTES = 4 * 1024 * 1024  # the events a session keeps (older ones are dropped)
 TTL_SECONDS = 300  # how long a finished session stays readable
 WAKE_SECONDS = 0.2  # a waiting reader looks at its client this often
+MAX_LOOKUP_IDS = 10_000  # the conversation ids one lookup may name
+SEPARATOR = "::"  # between a conversation id and the model of its `ID::model` variant
 
 
 def conv_id(request: Request) -> str:
@@ -44,11 +54,25 @@ def conv_id(request: Request) -> str:
     return request.headers.get(HEADER, "")
 
 
+class Keyed(Protocol):
+    """What tells a request's owner: the server's or the router's key check."""
+
+    key_ok: Any  # KeyCheck: owner(headers), the key a request carries
+
+
+def owner_of(server: Keyed, request: Request) -> str:
+    """Whose sessions the request reaches: its API key's ('' for all when there are fewer
+    than two keys); never holds a '/'."""
+    which = server.key_ok.owner(request.headers)
+    return "" if which is None else f"key{which}"
+
+
 class Session:
     """The events of one reply: appended by its producer, read from any offset by readers."""
 
-    def __init__(self, conversation_id: str, cap: int = MAX_BYTES) -> None:
+    def __init__(self, conversation_id: str, cap: int = MAX_BYTES, owner: str = "") -> None:
         self.conversation_id = conversation_id
+        self.owner = owner  # the API key that started it (see `owner_of`)
         self.started = int(time.time())
         self.completed = 0  # unix seconds once the reply ended
         self.cap = cap
@@ -116,59 +140,89 @@ class Server(Protocol):
     """What the stream endpoints use of the server (`state.Server`)."""
 
     streams: Sessions
+    key_ok: Any  # KeyCheck: owner(headers), the key a request carries (see `owner_of`)
     worker: Any  # sleep_lock, in_flight, last_activity: the idle clock of --sleep-idle-seconds
     settings: Any
 
 
 class Sessions:
-    """The live sessions by conversation id; finished ones expire after `TTL_SECONDS`."""
+    """The live sessions by owner and conversation id; finished ones expire after
+    `TTL_SECONDS`."""
 
     def __init__(self) -> None:
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[tuple[str, str], Session] = {}
 
-    def get(self, conversation_id: str) -> Session | None:
+    def get(self, conversation_id: str, owner: str = "") -> Session | None:
         self._expire()
-        return self.sessions.get(conversation_id)
+        return self.sessions.get((owner, conversation_id))
 
-    def create(self, conversation_id: str) -> Session:
+    def create(self, conversation_id: str, owner: str = "") -> Session:
         """A new session for the conversation; one before it is cancelled."""
-        self.stop(conversation_id)
+        self.stop(conversation_id, owner)
         self._expire()
-        session = self.sessions[conversation_id] = Session(conversation_id)
+        session = Session(conversation_id, owner=owner)
+        self.sessions[owner, conversation_id] = session
         return session
 
-    def stop(self, conversation_id: str) -> None:
-        session = self.sessions.pop(conversation_id, None)
+    def stop(self, conversation_id: str, owner: str = "") -> None:
+        session = self.sessions.pop((owner, conversation_id), None)
         if session is not None:
             session.cancel()
 
     def forget(self, session: Session) -> None:
         """Drop a session that will hold nothing (its request failed or answered whole)."""
-        if self.sessions.get(session.conversation_id) is session:
-            del self.sessions[session.conversation_id]
+        key = (session.owner, session.conversation_id)
+        if self.sessions.get(key) is session:
+            del self.sessions[key]
         session.finish()
 
-    def lookup(self, ids: list[str]) -> list[Session]:
-        """The sessions of the ids asked for: each id itself and its `ID::model` variants."""
+    def lookup(self, ids: list[str], owner: str = "") -> list[Session]:
+        """The owner's sessions of the ids asked for: each id itself and its `ID::model`
+        variants, each session once.
+
+        The names are sorted, so that each id's variants are one range found by bisection
+        (those starting with `ID::` lie in [`ID::`, `ID:;`)), and a session already found is
+        skipped, never visited again: a lookup costs its ids times a bisection, whatever the
+        sessions' names hold, not its ids times the sessions."""
         self._expire()
-        found = []
+        mine = sorted(
+            (s for (whose, _), s in self.sessions.items() if whose == owner),
+            key=lambda s: s.conversation_id,
+        )
+        names = [s.conversation_id for s in mine]
+        # nxt[i] == i: session i not yet found; else a step toward the next one that is not.
+        nxt = list(range(len(names) + 1))
+
+        def unfound(i: int) -> int:
+            while nxt[i] != i:
+                nxt[i] = nxt[nxt[i]]
+                i = nxt[i]
+            return i
+
+        found: list[Session] = []
         for wanted in ids:
-            for session in self.sessions.values():
-                name = session.conversation_id
-                if name == wanted or name.startswith(wanted + "::"):
-                    found.append(session)
+            at = bisect.bisect_left(names, wanted)
+            if at < len(names) and names[at] == wanted and nxt[at] == at:
+                found.append(mine[at])
+                nxt[at] = at + 1
+            at = unfound(bisect.bisect_left(names, wanted + SEPARATOR))
+            end = bisect.bisect_left(names, wanted + ":;")
+            while at < end:
+                found.append(mine[at])
+                nxt[at] = at + 1
+                at = unfound(at + 1)
         return found
 
     def close(self) -> None:
         """At shutdown: every reply stopped, every reader ended."""
-        for name in list(self.sessions):
-            self.stop(name)
+        for owner, name in list(self.sessions):
+            self.stop(name, owner)
 
     def _expire(self) -> None:
         cutoff = time.time() - TTL_SECONDS
-        for name, session in list(self.sessions.items()):
+        for key, session in list(self.sessions.items()):
             if session.completed and session.completed <= cutoff:
-                del self.sessions[name]
+                del self.sessions[key]
 
 
 S = TypeVar("S", bound=Server)
@@ -192,7 +246,7 @@ def detaching(
             return await handler(server, request)
         # As llama-server: the session is there from the start (a new request under the id
         # replaces the one before at once; a Stop while the prompt is processed stops it).
-        session = server.streams.create(name)
+        session = server.streams.create(name, owner_of(server, request))
         request.state.stream_session = session
         try:
             response = await handler(server, request)
@@ -271,7 +325,7 @@ def conv_param(request: Request) -> str:
 async def stream_get(server: Server, request: Request) -> Response:
     """GET /v1/stream?conv_id=ID&from=N: the session's events from byte N (0 by default)."""
     name = conv_param(request)
-    session = server.streams.get(name)
+    session = server.streams.get(name, owner_of(server, request))
     if session is None:
         raise ApiError("Stream not found or expired", "not_found_error")
     start = request.query_params.get("from", "")
@@ -284,16 +338,25 @@ async def stream_get(server: Server, request: Request) -> Response:
 
 
 async def stream_delete(server: Server, request: Request) -> Response:
-    """DELETE /v1/stream?conv_id=ID: stop the reply and forget its session (204 either way)."""
-    server.streams.stop(conv_param(request))
+    """DELETE /v1/stream?conv_id=ID: stop the reply and forget its session (204 either way,
+    also for another key's session, which is left alone)."""
+    server.streams.stop(conv_param(request), owner_of(server, request))
     return Response(status_code=204, media_type="application/json")
 
 
 async def lookup_ids(request: Request, settings: Any) -> list[str]:
-    """The ids of a `POST /v1/streams/lookup` body (`{"conversation_ids": [...]}`)."""
+    """The ids of a `POST /v1/streams/lookup` body (`{"conversation_ids": [...]}`); a 400
+    for more than `MAX_LOOKUP_IDS` of them."""
     body = await read_json(request, settings)
     ids = body.get("conversation_ids")
-    return [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
+    if not isinstance(ids, list):
+        return []
+    if len(ids) > MAX_LOOKUP_IDS:
+        raise ApiError(
+            f"a lookup names at most {MAX_LOOKUP_IDS} conversation ids, this one names "
+            f"{len(ids)}: look them up in batches of {MAX_LOOKUP_IDS} or fewer"
+        )
+    return [i for i in ids if isinstance(i, str) and i]
 
 
 async def streams_lookup(server: Server, request: Request) -> Response:
@@ -308,6 +371,6 @@ async def streams_lookup(server: Server, request: Request) -> Response:
                 "started_at": s.started,
                 "completed_at": s.completed,
             }
-            for s in server.streams.lookup(ids)
+            for s in server.streams.lookup(ids, owner_of(server, request))
         ]
     )

@@ -567,6 +567,31 @@ def test_an_answered_request_whose_body_trickles_on_is_closed_at_the_deadline(
             pytest.fail("an answered request's body trickled in over 10 s was never cut off")
 
 
+@pytest.mark.parametrize(
+    "edge_server", [{"header_timeout": 10.0, "max_connections": 400}], indirect=True
+)
+def test_a_head_over_64_kib_is_a_431_the_client_reads(edge_server: BackgroundServer) -> None:
+    # 70 KiB of header fields, never ended by the blank line: no way to take them as a head,
+    # however they arrive. The second part comes while the server answers the first: read
+    # and dropped, it must not turn the close into a reset that loses the answer.
+    fields = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"a" * 1000) for i in range(70))
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + fields
+    cut = 66 * 1024
+    with socket.create_connection((edge_server.host, edge_server.port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(head[:cut])
+        time.sleep(0.2)
+        sock.sendall(head[cut:])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answer[:300]
+    assert b"\r\nconnection: close\r\n" in answer.lower()
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == 431 and "larger than the 65536 bytes allowed" in error["message"]
+    assert httpx.get(edge_server.url + "/health", timeout=5).status_code == 200
+
+
 # --- the command line: flags and key sources, checked before any model is loaded ---------------
 
 

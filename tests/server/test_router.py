@@ -208,3 +208,64 @@ def test_endpoints_and_llama_server_errors(models_dir: Path, tmp_path: Path) -> 
         assert r.json()["error"]["message"] == "model is not running"
     finally:
         router.stop()
+
+
+def test_a_model_unloaded_while_a_request_waits_for_it_is_a_503_saying_so(router: Router) -> None:
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: answers.append(chat(router.url, "smol")))
+    waiting.start()
+    deadline = time.monotonic() + 60
+    while router.status()["smol"] != "loading":
+        assert time.monotonic() < deadline, "the model never began to load"
+        time.sleep(0.02)
+    unload = httpx.post(router.url + "/models/unload", json={"model": "smol"})
+    assert unload.json() == {"success": True}
+    waiting.join(300)
+    [answer] = answers
+    assert answer.status_code == 503, answer.text
+    message = answer.json()["error"]["message"]
+    assert "smol was unloaded by POST /models/unload" in message, message
+    assert "send the request again to load it" in message
+    smol = next(m for m in httpx.get(router.url + "/models").json()["data"] if m["id"] == "smol")
+    assert smol["status"]["value"] == "unloaded" and "failed" not in smol["status"]
+    again = chat(router.url, "smol")  # as the answer says
+    assert again.status_code == 200, again.text
+
+
+def test_streams_through_the_router_belong_to_their_key(models_dir: Path, tmp_path: Path) -> None:
+    router = Router(models_dir, tmp_path, "--api-key", "key-a", "--api-key", "key-b")
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+
+    def start(key: dict[str, str], n: int) -> str:
+        body = {"model": "smol", "prompt": "One, two,", "n_predict": n, "stream": True}
+        headers = {**key, "X-Conversation-Id": "conv-mine"}
+        with httpx.stream(
+            "POST", router.url + "/completion", json=body, headers=headers, timeout=300
+        ) as answer:
+            assert answer.status_code == 200, answer.read()
+            return "".join(answer.iter_text())
+
+    def replay(key: dict[str, str]) -> httpx.Response:
+        url = router.url + "/v1/stream"
+        return httpx.get(url, params={"conv_id": "conv-mine"}, headers=key, timeout=60)
+
+    def lookup(key: dict[str, str]) -> Any:
+        body = {"conversation_ids": ["conv-mine"]}
+        return httpx.post(router.url + "/v1/streams/lookup", json=body, headers=key).json()
+
+    try:
+        sse = start(a, 4)
+        assert replay(a).text == sse
+        theirs = replay(b)
+        assert theirs.status_code == 404, theirs.text
+        assert theirs.json()["error"]["message"] == "Stream not found or expired"
+        assert lookup(b) == []
+        url = router.url + "/v1/stream"
+        assert httpx.delete(url, params={"conv_id": "conv-mine"}, headers=b).status_code == 204
+        assert replay(a).text == sse  # the other key's Stop left it alone
+        other = start(b, 2)  # the same id, the other key: a session of its own
+        assert replay(b).text == other != sse and replay(a).text == sse
+        [entry] = lookup(a)
+        assert entry["conversation_id"] == "conv-mine" and entry["total_bytes"] == len(sse.encode())
+    finally:
+        router.stop()

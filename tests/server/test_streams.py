@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from localfab.server import ServerSettings
-from tests.serverproc import serve_in_process
+from tests.serverproc import HealthWatch, serve_in_process
 
 pytestmark = pytest.mark.model
 
@@ -178,3 +178,66 @@ def test_a_stop_while_the_prompt_is_processed_stops_the_reply(url: str) -> None:
     while any(slot["is_processing"] for slot in httpx.get(url + "/slots").json()):
         assert time.monotonic() < deadline, "the reply went on after the Stop"
         time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def many(model_path: Path) -> Iterator[tuple[str, list[str]]]:
+    """A server holding 300 finished sessions (`ID::model` names, as llama-server's web UI
+    makes them), and their names.
+
+    The sessions are put in the server's own `Sessions` before any request: 300 generations
+    would take minutes on a small machine, and what is looked up is the same either way.
+    """
+    from localfab.engine import EngineSettings
+    from localfab.runtime import load_model
+    from localfab.server import create_app
+    from localfab.server.runner import BackgroundServer
+
+    loaded = load_model(model_path, EngineSettings(n_ctx=512))
+    app = create_app(loaded, ServerSettings())
+    names = [f"many-{i}::org/model-{i % 3}" for i in range(300)]
+    for name in names:
+        session = app.state.server.streams.create(name)
+        session.append(b'data: {"content": "hi"}\n\n')
+        session.finish()
+    server = BackgroundServer(app).start()
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(server.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.05)
+        yield server.url, names
+    finally:
+        server.stop()
+        loaded.close()
+
+
+def test_a_lookup_of_many_ids_is_bounded_and_health_answers_meanwhile(
+    many: tuple[str, list[str]],
+) -> None:
+    from localfab.server.streams import MAX_LOOKUP_IDS
+
+    url, names = many
+
+    def lookup(ids: list[str]) -> httpx.Response:
+        return httpx.post(url + "/v1/streams/lookup", json={"conversation_ids": ids}, timeout=300)
+
+    ids = [f"many-{i}" for i in range(MAX_LOOKUP_IDS)]  # the most a lookup may name; 300 hit
+    with HealthWatch(url, limit=5.0) as watch:
+        # 200,000 ids each scanned against the 300 sessions held the event loop for 17 s.
+        huge = lookup([f"nothing-{i}" for i in range(200_000)])
+        found = lookup(ids)
+        twice = lookup(["many-1", "many-1", "many-1::org/model-1"])
+    assert huge.status_code == 400, huge.text[:300]
+    message = huge.json()["error"]["message"]
+    assert f"at most {MAX_LOOKUP_IDS} conversation ids" in message and "200000" in message
+    assert found.status_code == 200
+    assert sorted(e["conversation_id"] for e in found.json()) == sorted(names)
+    assert all(e["is_done"] and e["total_bytes"] > 0 for e in found.json())
+    assert [e["conversation_id"] for e in twice.json()] == ["many-1::org/model-1"]  # once
+    assert [e["conversation_id"] for e in lookup(["many-12::org/model-0"]).json()] == [
+        "many-12::org/model-0"
+    ]
+    assert lookup(["many-1::org", "many-", "org/model-1"]).json() == []  # whole names only
+    assert watch.polls > 0
+    assert not watch.failures, watch.failures[:5]
