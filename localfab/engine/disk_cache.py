@@ -9,7 +9,9 @@ the prompt again. One file per state, named by the state's key and its tokens:
 The header names what the state depends on (`StateKey`: the model file's identity and every
 load setting that changes what the KV cells hold), the token count, the state's size and a
 SHA-256 of tokens and state. A file whose key differs is never read; one that is truncated, does
-not match its checksum or cannot be parsed is deleted with a one-line note, never loaded.
+not match its checksum or cannot be parsed (whatever its header holds) is deleted with a note,
+never loaded; a folder full of them gets one line for them all. Only regular files are opened: a
+pipe or device named like a state file is skipped, never waited on.
 
 Files are written to a temporary name in the same folder and renamed into place, so a reader (the
 app and `serve` may share the folder) sees a whole file or none. The folder is bounded in bytes:
@@ -23,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import struct
 import threading
 import time
@@ -54,6 +57,8 @@ DEFAULT_DISK_LIMIT = 4 << 30
 # A temporary file this old was left by a writer that died: it is removed.
 _STALE_TMP_S = 600.0
 _HEAD = struct.Struct("<I")
+# A header is a few hundred bytes; a longer one is not ours (and is not parsed).
+_HEADER_MAX = 1 << 20
 
 Note = Callable[[str], None]
 
@@ -146,28 +151,69 @@ def encode(key: StateKey, tokens: Sequence[int], state: bytes | bytearray) -> li
 
 def read_header(f: Any, key_id: str) -> tuple[dict[str, Any], tuple[int, ...]]:
     """A state file's header and tokens (the file positioned at its state); `BadStateFile`
-    when it is not a whole state file of this key."""
+    when it is not a whole state file of this key. Every field is checked against the file's
+    size before it is used, so a damaged header never asks for more than the file holds."""
+    size = os.fstat(f.fileno()).st_size
     if f.read(len(MAGIC)) != MAGIC:
         raise BadStateFile("not a localfab state file")
     raw = f.read(_HEAD.size)
     if len(raw) != _HEAD.size:
         raise BadStateFile("truncated header")
     (n,) = _HEAD.unpack(raw)
+    if n > min(_HEADER_MAX, size):
+        raise BadStateFile("header longer than the file")
     try:
         header = json.loads(f.read(n))
-        if header["version"] != VERSION:
-            raise BadStateFile(f"format version {header['version']}")
-        if header["key_id"] != key_id:
-            raise BadStateFile("written for another model or load")
-        n_tokens = int(header["n_tokens"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise BadStateFile(f"unreadable header ({exc})") from exc
+    if not isinstance(header, dict):
+        raise BadStateFile("unreadable header (not an object)")
+    if header.get("version") != VERSION:
+        raise BadStateFile(f"format version {header.get('version')!r}")
+    if header.get("key_id") != key_id:
+        raise BadStateFile("written for another model or load")
+    digest = header.get("sha256")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise BadStateFile("unreadable header (no checksum)")
+    n_tokens, state_bytes = _count(header, "n_tokens"), _count(header, "state_bytes")
+    rest = size - f.tell()
+    if 4 * n_tokens + state_bytes != rest:
+        raise BadStateFile(
+            f"truncated or overlong ({rest} bytes after the header, which says {n_tokens} "
+            f"tokens and {state_bytes} bytes of state)"
+        )
     tokens = array("i")
     raw_tokens = f.read(4 * n_tokens)
     if len(raw_tokens) != 4 * n_tokens:
         raise BadStateFile("truncated tokens")
     tokens.frombytes(raw_tokens)
     return header, tuple(tokens)
+
+
+def _count(header: dict[str, Any], name: str) -> int:
+    """A header field that must be a count (JSON's true is not one)."""
+    value = header.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadStateFile(f"unreadable header ({name} is {value!r})")
+    return value
+
+
+class NotRegular(OSError):
+    """A name in the cache folder that is not a regular file (a pipe, a device, a folder)."""
+
+
+def open_regular(path: Path) -> Any:
+    """`path` opened for reading, only if it is a regular file: opening a pipe would wait for
+    a writer, and the engine thread must never wait on the cache folder."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(f"{path.name} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 @dataclass
@@ -180,6 +226,8 @@ class DiskCache:
     note: Note = field(default=lambda text: log.warning("%s", text))
     # Parsed headers by file name, valid while the file's (size, mtime) are unchanged.
     _index: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = field(default_factory=dict)
+    # Names already reported as not regular files (left where they are), with their inode.
+    _strange: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     written_bytes: int = 0
     write_seconds: float = 0.0
@@ -191,13 +239,16 @@ class DiskCache:
     # --- lookup ---------------------------------------------------------------------------------
 
     def entries(self) -> list[DiskEntry]:
-        """The whole state files of this key now in the folder (headers read once each)."""
+        """The whole state files of this key now in the folder (headers read once each).
+        Files that are not are skipped: damaged ones removed, others left, and each reported
+        once (one line for a whole scan's worth)."""
         out: list[DiskEntry] = []
         prefix = self.key_id + "-"
         try:
             names = [n for n in os.listdir(self.folder) if n.endswith(SUFFIX)]
         except OSError:
             return out
+        skipped: list[tuple[str, str]] = []
         with self._lock:
             for name in names:
                 if not name.startswith(prefix):
@@ -207,27 +258,48 @@ class DiskCache:
                     st = path.stat()
                 except OSError:
                     continue
+                if not stat.S_ISREG(st.st_mode):
+                    if self._strange.get(name) != st.st_ino:
+                        self._strange[name] = st.st_ino
+                        skipped.append((name, "not a regular file, left as it is"))
+                    continue
                 # A rewrite is a new file (renamed into place): a new inode. A restore's touch
                 # changes only the mtime, so it does not make the header be read again.
                 stamp = (st.st_size, st.st_ino)
                 known = self._index.get(name)
                 if known is None or known[0] != stamp:
-                    tokens = self._read_tokens(path)
+                    tokens = self._read_tokens(path, skipped)
                     if tokens is None:
                         continue
                     known = self._index[name] = (stamp, tokens)
                 out.append(DiskEntry(path, known[1], st.st_size))
+        self._report(skipped)
         return out
 
-    def _read_tokens(self, path: Path) -> tuple[int, ...] | None:
+    def _read_tokens(self, path: Path, skipped: list[tuple[str, str]]) -> tuple[int, ...] | None:
         try:
-            with path.open("rb") as f:
+            with open_regular(path) as f:
                 return read_header(f, self.key_id)[1]
         except BadStateFile as exc:
-            self.discard(path, str(exc))
+            self._remove(path)
+            skipped.append((path.name, f"{exc}, removed"))
+        except NotRegular:
+            skipped.append((path.name, "not a regular file, left as it is"))
         except OSError:
             pass  # removed meanwhile (another process evicted it)
         return None
+
+    def _report(self, skipped: list[tuple[str, str]]) -> None:
+        """One line for what a scan skipped: the file and why, or how many and the first."""
+        if len(skipped) == 1:
+            name, why = skipped[0]
+            self.note(f"prompt cache: skipped {name} ({why})")
+        elif skipped:
+            name, why = skipped[0]
+            self.note(
+                f"prompt cache: skipped {len(skipped)} files in {self.folder} that are not "
+                f"cache files of this model (the first: {name}, {why})"
+            )
 
     def find(self, prompt: Sequence[int], have: int) -> tuple[DiskEntry, int] | None:
         """The state file holding the longest beginning of `prompt` (more than `have` tokens,
@@ -242,11 +314,11 @@ class DiskCache:
 
     def load(self, entry: DiskEntry) -> CachedPrompt | None:
         """The state in `entry`'s file, checked whole; None (and the file gone, with a note)
-        when it is truncated or corrupt."""
+        when it is truncated or corrupt, whatever its header says."""
         try:
-            with entry.path.open("rb") as f:
+            with open_regular(entry.path) as f:
                 header, tokens = read_header(f, self.key_id)
-                state = bytearray(int(header["state_bytes"]))
+                state = bytearray(header["state_bytes"])
                 if f.readinto(state) != len(state) or f.read(1):
                     raise BadStateFile("truncated or overlong state")
             digest = hashlib.sha256(array("i", tokens).tobytes())
@@ -256,6 +328,9 @@ class DiskCache:
         except BadStateFile as exc:
             self.discard(entry.path, str(exc))
             return None
+        except NotRegular:
+            self.note(f"prompt cache: skipped {entry.path.name} (not a regular file)")
+            return None
         except OSError:
             return None
         _touch(entry.path)
@@ -263,6 +338,9 @@ class DiskCache:
 
     def discard(self, path: Path, why: str) -> None:
         self.note(f"prompt cache: discarded {path.name} ({why})")
+        self._remove(path)
+
+    def _remove(self, path: Path) -> None:
         self._index.pop(path.name, None)
         with suppress(OSError):
             path.unlink()

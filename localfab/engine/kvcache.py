@@ -14,11 +14,12 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import llama_cpp as lc
 import numpy as np
 
+from localfab.engine import seq_file
 from localfab.engine.image_ids import Images, image_end, image_start
 from localfab.engine.prompt_cache import PromptCache, Restored, common_prefix
 from localfab.errors import ContextOverflow, LocalfabError
@@ -280,27 +281,45 @@ class KVCache:
         n = int(lc.llama_state_seq_set_data_ext(self.ctx, buf, len(data), self.seq, 0))
         return self._loaded(tokens if n == len(data) else None)
 
-    def save_file(self, path: str) -> int:
-        """Write this sequence's cells and tokens to `path` in llama.cpp's own format (the one
-        llama-server's slot save writes); the bytes written, 0 when it could not."""
-        n = len(self.cached)
-        tokens = (lc.llama_token * max(n, 1))(*self.cached)
-        return int(lc.llama_state_seq_save_file(self.ctx, path.encode(), self.seq, tokens, n))
+    def save_file(self, f: BinaryIO) -> int:
+        """Write this sequence's tokens and cells to `f` in llama.cpp's sequence state file
+        format (llama-server's slot save, see `seq_file`); the bytes written."""
+        state = self.save_state()
+        head = seq_file.head(self.cached)
+        f.write(head)
+        f.write(memoryview(state)[seq_file.FRAMING :])
+        return len(head) + len(state) - seq_file.FRAMING
 
-    def load_file(self, path: str) -> int:
-        """Make this sequence hold what `save_file` wrote to `path`; the bytes read, or 0 (and
-        the sequence empty) when llama.cpp refuses the file (another model or layout, no room,
-        not a state file)."""
-        capacity = self.n_ctx
-        tokens = (lc.llama_token * capacity)()
-        count = ctypes.c_size_t(0)
-        n = int(
-            lc.llama_state_seq_load_file(
-                self.ctx, path.encode(), self.seq, tokens, capacity, ctypes.byref(count)
+    def load_file(self, data: bytearray) -> int:
+        """Make this sequence hold what a sequence state file (`data`, read whole) holds; the
+        bytes llama.cpp took. `seq_file.BadSeqFile` says why a file is refused, before or after
+        llama.cpp looked at its state (a file cut short, another model or layout, no room); the
+        sequence is empty then."""
+        self._loaded(None)  # what it held goes either way (as llama-server's slot)
+        parsed = seq_file.parse_head(data, capacity=self.n_ctx)
+        # The state goes to llama.cpp as a buffer, with the framing its buffer reader expects
+        # (taken from the empty sequence's own state): that reader never reads past the end.
+        framing = self.save_state()[: seq_file.FRAMING]
+        state = memoryview(data)[parsed.state_offset :]
+        buffer = framing + state
+        del state
+        view = (ctypes.c_uint8 * len(buffer)).from_buffer(buffer)
+        n = int(lc.llama_state_seq_set_data_ext(self.ctx, view, len(buffer), self.seq, 0))
+        del view
+        if n > seq_file.FRAMING:
+            self._loaded(parsed.tokens)
+            return parsed.state_offset + n - seq_file.FRAMING
+        self._loaded(None)
+        missing = seq_file.missing_bytes(memoryview(buffer)[seq_file.FRAMING :])
+        if missing > 0:
+            raise seq_file.BadSeqFile(
+                f"it is cut short: {len(data)} bytes, its layout needs at least {missing} more",
+                cut_short=True,
             )
+        raise seq_file.BadSeqFile(
+            "No available space in KV cache or invalid slot save file (saved with another "
+            "model, cache type or context?)"
         )
-        self._loaded(tokens[: count.value] if n else None)
-        return n
 
     def _loaded(self, tokens: Sequence[int] | None) -> bool:
         """After a state was loaded into the sequence: it holds `tokens`, or, when llama.cpp

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 
 async def health(server: Server, request: Request) -> Response:
+    failure = server.worker.failure  # the engine thread stopped: nothing will be answered
+    if failure is not None:
+        raise failure
     return json_response({"status": "ok"})
 
 

@@ -4,12 +4,21 @@ As llama-server with `--slot-save-path`: `save` writes the slot's KV cells and t
 of that folder (llama.cpp's own state file, so either server reads the other's), `restore`
 puts a saved file back into a slot, `erase` empties a slot; the answers have llama-server's
 shapes. A file name is a plain name in the folder: no separators, no `..`, nothing a file
-system would take otherwise (llama.cpp's `fs_validate_filename`). A busy slot answers 503.
+system would take otherwise (llama.cpp's `fs_validate_filename`), and nothing in the folder
+leads out of it: a name that is a symbolic link is refused (400), a save replaces the name
+itself (written beside it, renamed into place), a restore reads only a regular file, and whole
+before llama.cpp sees it (`engine.seq_file`: a file cut short is a 400, not an abort). A busy
+slot answers 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import os
+import stat
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localfab.engine.seq_file import BadSeqFile
 from localfab.server.errors import ApiError
 from localfab.server.plumbing import json_response
 
@@ -93,9 +103,22 @@ def _idle_slot(server: Server, id_slot: int) -> KVCache:
 def _save(kv: KVCache, id_slot: int, folder: Path, filename: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     n_saved = len(kv.cached)
-    n_written = kv.save_file(str(folder / filename))
-    if not n_written:
-        raise ApiError("Unable to save slot", "server_error")
+    path = folder / filename
+    _not_a_link(path)
+    # Written to a new name and renamed over `filename`: a link planted meanwhile is replaced,
+    # never written through, and a reader never sees half a file.
+    tmp = folder / f".slot-save.{os.getpid()}.{threading.get_ident()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        with os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
+            n_written = kv.save_file(f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ApiError(
+            f"Unable to save slot: {filename} ({exc.strerror or exc})", "server_error"
+        ) from exc
     return {
         "id_slot": id_slot,
         "filename": filename,
@@ -107,13 +130,14 @@ def _save(kv: KVCache, id_slot: int, folder: Path, filename: str) -> dict[str, A
 
 def _restore(kv: KVCache, id_slot: int, folder: Path, filename: str) -> dict[str, Any]:
     t0 = time.perf_counter()
-    path = folder / filename
-    n_read = kv.load_file(str(path)) if path.is_file() else 0
-    if not n_read:
+    data = _read_regular(folder / filename)
+    try:
+        n_read = kv.load_file(data)
+    except BadSeqFile as exc:
         raise ApiError(
-            "Unable to restore slot: No available space in KV cache or invalid slot save file",
-            "server_error",
-        )
+            f"Unable to restore slot: {filename}: {exc}",
+            "invalid_request_error" if exc.cut_short else "server_error",
+        ) from None
     return {
         "id_slot": id_slot,
         "filename": filename,
@@ -121,3 +145,37 @@ def _restore(kv: KVCache, id_slot: int, folder: Path, filename: str) -> dict[str
         "n_read": n_read,
         "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3},
     }
+
+
+def _not_a_link(path: Path) -> None:
+    if path.is_symlink():
+        raise ApiError(
+            f"{path.name} in --slot-save-path is a symbolic link: slot files are only read "
+            "and written in the folder itself; remove the link or use another name"
+        )
+
+
+def _read_regular(path: Path) -> bytearray:
+    """The bytes of `path`, a regular file in the folder: not through a symbolic link (O_NOFOLLOW
+    checks the name and reads in one step), never a pipe or device (which could block)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            _not_a_link(path)
+        raise ApiError(
+            "Unable to restore slot: No available space in KV cache or invalid slot save file "
+            f"({path.name}: {exc.strerror or exc})",
+            "server_error",
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ApiError(f"Unable to restore slot: {path.name} is not a regular file")
+        os.set_blocking(fd, True)
+        data = bytearray(st.st_size)
+        n = f.readinto(data)
+    if n != len(data):
+        raise ApiError(f"Unable to restore slot: {path.name} changed while it was read")
+    return data

@@ -66,6 +66,8 @@ class JobQueue(Protocol):
 
     def finished(self, job: Job) -> None: ...
 
+    def died(self, exc: BaseException) -> None: ...
+
     def shifter(self, job: Job) -> ContextFull | None: ...
 
     def measurement(self) -> Measurement | None: ...
@@ -102,20 +104,29 @@ class SlotRunner:
     # --- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
+        crashed = False
         try:
             while self._take():
                 self._admit()
                 if self.decoder.busy:
                     self._step()
+        except BaseException as exc:
+            # The worker tells every job waiting or running that the engine stopped, and why
+            # (a job ended as "cancelled" would look like a reply that was merely cut short).
+            crashed = True
+            self.worker.died(exc)
+            raise
         finally:
-            for job in self.waiting:
-                job.emit(cancelled_result(len(job.tokens)))
             for act in self.active.values():
                 if act.measurement is not None:
                     act.measurement.__exit__(None, None, None)
-                act.job.emit(cancelled_result(len(act.job.tokens)))
-                self.worker.finished(act.job)
-            self._persist_slots()
+            if not crashed:
+                for job in self.waiting:
+                    job.emit(cancelled_result(len(job.tokens)))
+                for act in self.active.values():
+                    act.job.emit(cancelled_result(len(act.job.tokens)))
+                    self.worker.finished(act.job)
+                self._persist_slots()
             self.decoder.close()
 
     def _persist_slots(self) -> None:

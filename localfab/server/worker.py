@@ -6,6 +6,11 @@ slots (`slots.SlotRunner`), one slot or `-np` of them, decoding every running re
 per step; calls queued for the engine (tokenize, detokenize) run between steps. The asyncio side
 submits a `jobs.Job` and awaits what it emits; a job's `cancel` Event stops its generation at
 the next step (a client that went away frees its slot at once).
+
+Should anything escape the thread's loop, the engine is stopped for good, and said so: the
+traceback is logged once, every job and call waiting for the thread gets a 503 saying why, every
+later one gets it at once, and /health answers it (`failure`), so no request waits forever on a
+thread that is gone.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ class EngineWorker:
         self._ids = itertools.count()
         self._pending: set[Job] = set()
         self._lock = threading.Lock()
+        self._failure: str | None = None  # why the engine thread stopped (see `died`)
         self._thread = threading.Thread(target=self._main, name="localfab-engine", daemon=True)
         self._stopping = False
 
@@ -140,18 +146,69 @@ class EngineWorker:
     def submit(self, job: Job) -> None:
         if self._stopping:
             raise ApiError("the server is shutting down", "unavailable_error")
+        # Checked and queued under the lock `died` takes: a job is failed there or never queued.
         with self._lock:
+            failure = self.failure
+            if failure is not None:
+                raise failure
             self._pending.add(job)
-        self._queue.put(job)
+            self._queue.put(job)
 
     def call(self, fn: Callable[[LoadedModel], Any]) -> concurrent.futures.Future[Any]:
         """Run `fn(model)` on the engine thread (for calls that share the engine's buffers)."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if self._stopping:
             future.set_exception(ApiError("the server is shutting down", "unavailable_error"))
-        else:
-            self._queue.put((fn, future))
+            return future
+        with self._lock:
+            failure = self.failure
+            if failure is None:
+                self._queue.put((fn, future))
+        if failure is not None:
+            future.set_exception(failure)
         return future
+
+    # --- the engine stopped ----------------------------------------------------------------
+
+    @property
+    def failure(self) -> ApiError | None:
+        """The 503 every request gets once the engine thread stopped on an error (a new one
+        each time: an exception raised again keeps growing its traceback); None while it runs."""
+        why = self._failure
+        return None if why is None else ApiError(why, "unavailable_error")
+
+    def died(self, exc: BaseException) -> None:
+        """The engine thread stops on `exc`: logged once with its traceback; every job and call
+        waiting for the thread gets the error now, and every later one at once (`failure`)."""
+        with self._lock:
+            first = self._failure is None
+            if first:
+                self._failure = (
+                    f"the engine stopped on an error ({type(exc).__name__}: {exc}); no request "
+                    "can be answered until the server is restarted (its log has the details)"
+                )
+            pending = list(self._pending)
+            self._pending.clear()
+        if first:
+            log.error("the engine thread stopped on an error", exc_info=exc)
+        for job in pending:
+            self._tell(job)
+        while True:  # what is queued: its jobs were pending (told above), its calls are not
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, tuple):
+                item[1].set_exception(self.failure)
+
+    def _tell(self, job: Job) -> None:
+        failure = self.failure
+        assert failure is not None
+        # A job whose own callback is what failed may fail again: the others are told anyway.
+        try:
+            job.emit(failure)
+        except Exception:
+            log.debug("a job could not be told that the engine stopped", exc_info=True)
 
     # --- the thread --------------------------------------------------------------------------
 
@@ -167,15 +224,18 @@ class EngineWorker:
         self.ready.set()
         if self.on_ready is not None:
             self.on_ready()
-        while True:
-            assert self.model is not None
-            # As many slots as asked for and the context has sequences (-np loads one per
-            # slot); one slot runs the same way as many.
-            n_slots = min(self.model.engine.n_seq_max, self.n_parallel)
-            self.runner = SlotRunner(self, self.model.engine, n_slots)
-            self.runner.run()
-            if not self._going_to_sleep or not self._sleep_until_work():
-                return
+        try:
+            while True:
+                assert self.model is not None
+                # As many slots as asked for and the context has sequences (-np loads one per
+                # slot); one slot runs the same way as many.
+                n_slots = min(self.model.engine.n_seq_max, self.n_parallel)
+                self.runner = SlotRunner(self, self.model.engine, n_slots)
+                self.runner.run()
+                if not self._going_to_sleep or not self._sleep_until_work():
+                    return
+        except BaseException as exc:  # the thread ends here: nobody may wait for it
+            self.died(exc)
 
     def _load(self) -> None:
         self.model = self._source() if callable(self._source) else self._source

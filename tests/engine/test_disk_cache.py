@@ -3,17 +3,23 @@ and shared by processes. The states here are stand-in bytes; `test_state` restor
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from localfab.engine.disk_cache import SUFFIX, DiskCache, StateKey
+from localfab.engine.disk_cache import MAGIC, SUFFIX, DiskCache, DiskEntry, StateKey
 from localfab.engine.prompt_cache import PromptCache
 
 KEY = StateKey({"name": "m.gguf", "size": 1, "sha256_ends": "ab"}, {"type_k": "f16"})
@@ -176,3 +182,97 @@ def test_with_slack_a_file_missing_only_the_last_tokens_counts_as_written(tmp_pa
     longer = A + list(range(5000, 5100))  # 100 tokens more
     assert not cache.on_disk(longer)
     assert cache.on_disk(longer, slack=100) and not cache.on_disk(longer, slack=99)
+
+
+def rewrite_header(path: Path, change: Callable[[dict[str, Any]], object]) -> None:
+    """Give `path` a header changed by `change` (the rest of the file as it was)."""
+    raw = path.read_bytes()
+    start = len(MAGIC) + 4
+    (n,) = struct.unpack("<I", raw[len(MAGIC) : start])
+    header = json.loads(raw[start : start + n])
+    change(header)
+    new = json.dumps(header).encode()
+    path.write_bytes(raw[: len(MAGIC)] + struct.pack("<I", len(new)) + new + raw[start + n :])
+
+
+HEADER_DAMAGE: dict[str, Callable[[dict[str, Any]], object]] = {
+    "negative state_bytes": lambda h: h.update(state_bytes=-1),
+    "state_bytes 10^13": lambda h: h.update(state_bytes=10**13),
+    "state_bytes a string": lambda h: h.update(state_bytes="4000"),
+    "state_bytes true": lambda h: h.update(state_bytes=True),
+    "no sha256": lambda h: h.pop("sha256"),
+    "sha256 a number": lambda h: h.update(sha256=7),
+    "negative n_tokens": lambda h: h.update(n_tokens=-5),
+    "n_tokens a string": lambda h: h.update(n_tokens="two hundred"),
+    "no version": lambda h: h.pop("version"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(HEADER_DAMAGE))
+def test_a_damaged_header_is_a_bad_file_never_an_error(tmp_path, damage):
+    disk, _ = cache(tmp_path)
+    disk.store(A, bytearray(os.urandom(4000)))
+    (path,) = tmp_path.iterdir()
+    whole = DiskEntry(path, tuple(A), path.stat().st_size)
+    rewrite_header(path, HEADER_DAMAGE[damage])
+    fresh, notes = cache(tmp_path)
+    assert fresh.load(whole) is None  # asked for it directly (found before it was damaged)
+    assert fresh.find(A + [1, 2], have=0) is None
+    assert len(notes) == 1 and path.name in notes[0] and "\n" not in notes[0]
+    assert not path.exists()
+    # The cache goes on working: a new state is stored and found.
+    assert fresh.store(A, bytearray(100)) > 0 and fresh.find(A + [1], have=0) is not None
+
+
+@pytest.mark.parametrize(
+    "raw_header",
+    [b"[" * 200_000, b"[1, 2]", b'"text"', b"\xff\xfe", b"{}"],
+    ids=["nested 200000 deep", "a list", "a string", "not utf-8", "empty object"],
+)
+def test_a_header_that_is_not_a_json_object_of_ours_is_a_bad_file(tmp_path, raw_header):
+    disk, notes = cache(tmp_path)
+    path = tmp_path / f"{KEY.id}-junk{SUFFIX}"
+    raw = MAGIC + struct.pack("<I", len(raw_header)) + raw_header + b"\0" * 64
+    path.write_bytes(raw)
+    assert disk.find(A, have=0) is None
+    assert len(notes) == 1 and not path.exists()
+    path.write_bytes(raw)
+    assert disk.load(DiskEntry(path, tuple(A), len(raw))) is None  # asked for it directly
+    assert len(notes) == 2 and not path.exists()
+
+
+def _release(fifo: Path) -> None:
+    """Open `fifo` for writing (and close it) so that a reader blocked on it goes on."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_pipe_named_like_a_state_file_is_skipped_without_waiting(tmp_path):
+    disk, notes = cache(tmp_path)
+    disk.store(A, bytearray(100))
+    fifo = tmp_path / f"{KEY.id}-{'0' * 20}{SUFFIX}"
+    os.mkfifo(fifo)
+    found: list[object] = []
+    worker = threading.Thread(target=lambda: found.append(disk.find(A + [1], have=0)), daemon=True)
+    worker.start()
+    worker.join(10)
+    blocked = worker.is_alive()
+    _release(fifo)
+    assert not blocked, "the lookup waited on the pipe"
+    assert found and found[0] is not None  # the real file is still found
+    disk.find(A + [1], have=0)  # a second scan says nothing new
+    assert len(notes) == 1 and fifo.name in notes[0] and "regular" in notes[0]
+    assert disk.load(DiskEntry(fifo, tuple(A), 0)) is None  # asked for it directly
+    assert fifo.exists()  # not ours to remove
+
+
+def test_thousands_of_junk_files_make_one_line_not_thousands(tmp_path):
+    n = 20_000
+    for i in range(n):
+        (tmp_path / f"{KEY.id}-junk{i:05d}{SUFFIX}").write_bytes(b"junk")
+        if i % 4 == 0:  # and others' files, which are none of this cache's business
+            (tmp_path / f"{OTHER.id}-x{i:05d}{SUFFIX}").write_bytes(b"junk")
+    disk, notes = cache(tmp_path)
+    assert disk.find(A, have=0) is None
+    assert len(notes) == 1 and str(n) in notes[0], notes[:3]
+    assert len(files(tmp_path)) == n // 4  # the damaged ones of this key are gone

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from localfab.server import ServerSettings, create_app
 from localfab.server.runner import BackgroundServer
 from localfab.server.slot_files import valid_filename
+from tests import serverproc
 
 PROMPT = "The lighthouse keeper climbed the spiral stairs every evening to light the lamp. " * 4
 
@@ -115,3 +117,65 @@ def test_file_names_that_stay_in_the_folder() -> None:
     for bad in ("", "..", "a/b", "a\\b", "x:y", "bad?", " lead", "trail ", "end.", "ctl\x01",
                 "a" * 256):  # fmt: skip
         assert not valid_filename(bad), bad
+
+
+def test_a_file_cut_short_is_a_400_and_the_server_lives(model_path: Path, tmp_path: Path) -> None:
+    # In a child process: llama.cpp's own reader aborts the process on such a file.
+    with serverproc.serve(model_path, "-c", "2048", "--slot-save-path", str(tmp_path)) as server:
+        complete(server.url, PROMPT)
+        assert action(server.url, "save", filename="whole.bin").status_code == 200
+        whole = (tmp_path / "whole.bin").read_bytes()
+        for cut in (1, 2, 17, 4096, len(whole) // 2, len(whole) - 20):
+            (tmp_path / "cut.bin").write_bytes(whole[:-cut])
+            r = action(server.url, "restore", filename="cut.bin")
+            assert server.alive(), f"cut by {cut}: the server died"
+            assert r.status_code == 400, (cut, r.text)
+            assert "cut short" in r.json()["error"]["message"], r.text
+        assert httpx.get(server.url + "/health").status_code == 200
+        assert action(server.url, "restore", filename="whole.bin").status_code == 200
+        assert complete(server.url, PROMPT)["tokens_predicted"] == 8
+
+
+@pytest.fixture()
+def outside(folder: Path) -> Iterator[Path]:
+    """A file outside the slot folder, and the names in the folder that lead to it."""
+    target = folder.parent / "outside.bin"
+    target.write_bytes(b"precious")
+    yield target
+    target.unlink(missing_ok=True)
+    for name in ("link.bin", "dangling.bin"):
+        (folder / name).unlink(missing_ok=True)
+
+
+def test_a_save_never_writes_through_a_link_out_of_the_folder(
+    url: str, folder: Path, outside: Path
+) -> None:
+    complete(url, PROMPT)
+    (folder / "link.bin").symlink_to(outside)
+    (folder / "dangling.bin").symlink_to(folder.parent / "created-outside.bin")
+    for name in ("link.bin", "dangling.bin"):
+        r = action(url, "save", filename=name)
+        assert r.status_code == 400 and "symbolic link" in r.json()["error"]["message"], r.text
+    assert outside.read_bytes() == b"precious"
+    assert not (folder.parent / "created-outside.bin").exists()
+
+
+def test_a_restore_never_reads_through_a_link_out_of_the_folder(
+    url: str, folder: Path, outside: Path
+) -> None:
+    complete(url, PROMPT)
+    assert action(url, "save", filename="real.bin").status_code == 200
+    outside.write_bytes((folder / "real.bin").read_bytes())  # a slot file, but outside
+    (folder / "link.bin").symlink_to(outside)
+    r = action(url, "restore", filename="link.bin")
+    assert r.status_code == 400 and "symbolic link" in r.json()["error"]["message"], r.text
+    assert action(url, "restore", filename="real.bin").status_code == 200
+
+
+def test_a_pipe_in_the_folder_is_refused_at_once(url: str, folder: Path) -> None:
+    os.mkfifo(folder / "pipe.bin")
+    try:
+        r = action(url, "restore", filename="pipe.bin")
+        assert r.status_code == 400 and "not a regular file" in r.json()["error"]["message"]
+    finally:
+        (folder / "pipe.bin").unlink()
