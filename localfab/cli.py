@@ -126,7 +126,11 @@ class LocalfabGroup(click.Group):
         try:
             return super().invoke(ctx)
         except LocalfabError as exc:
-            click.echo(f"localfab: error: {exc}", err=True)
+            from localfab.textsafe import visible_controls
+
+            # A message can carry text from outside (a server's error, a file's name): a
+            # control sequence in it is shown, never acted on by the terminal.
+            click.echo(f"localfab: error: {visible_controls(str(exc))}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("", err=True)

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localfab.commands.run_cache import keep_prompt
-from localfab.commands.run_remote import REMOTE_FLAGS, open_for_run, remote_options
+from localfab.commands.run_remote import (
+    REMOTE_FLAGS,
+    open_for_run,
+    remote_model_hint,
+    remote_options,
+)
 from localfab.commands.run_tools import load_tools, reply_calls, tools_options, use_tools
 from localfab.commands.serve_vision import run_images
 from localfab.commands.spec_flags import gather, spec_options
@@ -67,10 +72,10 @@ def setup_logging(verbose: int) -> None:
     logging.getLogger("huggingface_hub").setLevel(logging.WARNING if verbose else logging.ERROR)
 
 
-def read_prompt(words: tuple[str, ...]) -> str:
+def read_prompt(words: tuple[str, ...], *, hint: str = "") -> str:
     """The prompt from the arguments, after piped standard input (the document first, the
     question after it, so that questions about one document share its cached prefix);
-    UsageError when both are empty."""
+    UsageError when both are empty (`hint`: what to try, added to it)."""
     prompt = " ".join(words)
     stdin = sys.stdin
     if not stdin.isatty():
@@ -78,7 +83,7 @@ def read_prompt(words: tuple[str, ...]) -> str:
         if piped.strip():
             prompt = f"{piped.rstrip()}\n\n{prompt}" if prompt else piped
     if not prompt.strip():
-        raise UsageError("no prompt: give it as arguments or pipe it on standard input")
+        raise UsageError(hint or "no prompt: give it as arguments or pipe it on standard input")
     return prompt
 
 
@@ -204,7 +209,7 @@ def run(
     setup_logging(verbose)
     _check_limits(max_tokens, load_flags["ctx_size"], max_continues)
     tools = load_tools(**tool_flags, raw=raw)
-    text = read_prompt(prompt)
+    text = read_prompt(prompt, hint=remote_model_hint(model, prompt, load_flags["remote"]))
     config = Config.load(paths := default_paths())
     flags = (prompt_cache, think_flags, load_flags, spec_flags, vision_flags)
     loaded, choice, speculative = open_for_run(model, paths, config, verbose, *flags)

@@ -144,6 +144,25 @@ def plan_model(
     return choice
 
 
+def remote_model_hint(model: str, words: tuple[str, ...], remote: str | None) -> str:
+    """With --remote, MODEL comes first (the server's model name, - for its own) and the
+    prompt after it: a question given alone is taken for the model. A name with spaces is
+    refused here (no server names a model so); `localfab run --remote URL "question"`, whose
+    prompt is then empty, gets the returned line as its error."""
+    if remote is None or model in SERVERS_OWN:
+        return ""
+    import shlex
+
+    asked = shlex.join(["localfab", "run", "--remote", remote, "-", model, *words])
+    taken = (
+        f"{model!r} was taken for the model's name: with --remote the first argument is the "
+        f"model (- for the server's own) and the prompt follows it: {asked}"
+    )
+    if any(c.isspace() for c in model):
+        raise UsageError(taken)
+    return f"no prompt: {taken}"
+
+
 def check_remote_flags(remote_flags: Mapping[str, Any]) -> bool:
     """Whether --remote was given (--api-key-env alone is an error)."""
     if remote_flags["remote"] is None:

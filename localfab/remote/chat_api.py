@@ -13,9 +13,10 @@ text seamlessly. A thinking model's `reasoning_content` is its thought.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,14 @@ from localfab.engine.types import (
     TokenEvent,
 )
 from localfab.errors import UsageError
-from localfab.remote.client import Remote, RemoteClient, RemoteError, ServerSideCache
+from localfab.remote.client import (
+    MAX_REPLY_CHARS,
+    Remote,
+    RemoteClient,
+    RemoteError,
+    ServerSideCache,
+    too_long,
+)
 
 # Characters per token of the server's model, for the window (most tokenizers of 2026 average
 # 3.5-4.5 characters of English per token: 3 leaves room).
@@ -244,15 +252,20 @@ class ChatApiEngine(ServerSideCache):
         texts: list[str] = []
         thought: list[str] = []
         finish, usage = "", {}
+        size = 0  # characters of text, thought and calls so far
+        calls: dict[int, dict[str, str]] = {}
         body = self._body(messages, open_reply, opts)
         for chunk in self.client.events("/v1/chat/completions", body, cancel):
             if isinstance(chunk.get("usage"), dict):
                 usage = chunk["usage"]
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-                content = delta.get("content") or ""
+                reasoning = str(delta.get("reasoning_content") or delta.get("reasoning") or "")
+                content = str(delta.get("content") or "")
                 finish = choice.get("finish_reason") or finish
+                size += len(reasoning) + len(content) + _gather_calls(delta, calls)
+                if size > MAX_REPLY_CHARS:
+                    raise too_long(self.client.remote.label, "a reply", MAX_REPLY_CHARS)
                 if not (reasoning or content):
                     continue
                 first = first or time.perf_counter()
@@ -265,6 +278,13 @@ class ChatApiEngine(ServerSideCache):
                 thought.append(reasoning)
                 last = ord(content[-1]) if content else -1
                 yield TokenEvent(last, content, None, parts)
+        if calls and not cancel.is_set():
+            # No tools were offered (not through a chat API yet), so the calls are not run;
+            # they stay in the reply as text, as a local model's unreadable call does.
+            shown = ("\n\n" if any(texts) else "") + calls_text(calls.values())
+            texts.append(shown)
+            thought.append("")
+            yield TokenEvent(ord(shown[-1]), shown, None, (("content", shown),))
         now = time.perf_counter()
         text = "".join(texts)
         reason, stop_type = FINISH.get(finish, ("length", "limit"))
@@ -289,6 +309,47 @@ class ChatApiEngine(ServerSideCache):
             reasoning="".join(thought) if any(thought) else None,
             content=text,
         )
+
+
+def _gather_calls(delta: dict[str, Any], calls: dict[int, dict[str, str]]) -> int:
+    """Add a delta's `tool_calls` pieces (OpenAI's stream: the name and id once, the
+    arguments' text in pieces, by index) to `calls`; the characters they added."""
+    added = 0
+    pieces = delta.get("tool_calls")
+    for n, piece in enumerate(pieces if isinstance(pieces, list) else ()):
+        if not isinstance(piece, dict):
+            continue
+        index = piece.get("index", n)
+        call = calls.setdefault(index if isinstance(index, int) else n, {"name": "", "args": ""})
+        function = piece.get("function")
+        if isinstance(function, dict):
+            name, args = function.get("name"), function.get("arguments")
+            if isinstance(name, str) and name:
+                call["name"] += name
+                added += len(name)
+            if isinstance(args, str):
+                call["args"] += args
+                added += len(args)
+    return added
+
+
+def calls_text(calls: Iterable[dict[str, str]]) -> str:
+    """The tool calls of a reply that asked for none, as a note each: a call is never dropped
+    unseen, and one whose arguments are not JSON says so."""
+    notes = []
+    for call in calls:
+        name = call["name"] or "(no name)"
+        args = call["args"].strip() or "{}"
+        try:
+            json.loads(args)
+            problem = ""
+        except (ValueError, RecursionError):
+            problem = "; its arguments are not valid JSON"
+        notes.append(
+            f"[tool call {name} {args}: not run{problem}; tools through a chat API are not "
+            "supported yet]"
+        )
+    return "\n".join(notes)
 
 
 def read_turns(prompt: Sequence[int]) -> tuple[list[dict[str, str]], bool]:

@@ -2,9 +2,11 @@
 
 Every request goes through `RemoteClient`: JSON calls (`get`, `post`) and server-sent event
 streams (`events`). A refused connection, a timeout, an HTTP error status, a stream that stops
-before its end or a line that is not JSON all become a `RemoteError` whose message says what
-happened and what to do. API keys come from the environment (named by `api_key_env`), never
-from a file; TLS certificates are verified.
+before its end, a line that is not JSON, or an event or reply past its bound (`MAX_EVENT_BYTES`,
+`MAX_REPLY_CHARS`: a stream is read in chunks, never a whole line first) all become a
+`RemoteError` whose message says what happened and what to do; text a server wrote in it has
+its control characters shown, not passed on. API keys come from the environment (named by
+`api_key_env`), never from a file; TLS certificates are verified.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import httpx2
 
 from localfab.errors import LocalfabError
+from localfab.textsafe import visible_controls
 
 # How often a stream's reader looks at its cancel event (seconds).
 CANCEL_POLL = 0.05
@@ -29,6 +32,13 @@ CANCEL_POLL = 0.05
 # thousands of tokens on a busy server can take minutes before its first token).
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 300.0
+# The most one server-sent event line may hold, and the most text (answer and thought) one
+# reply may hold: far above what a model writes (a 128k-token reply is about 0.5 MiB), low
+# enough that a server sending without end cannot fill this machine's memory or the history.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+MAX_REPLY_CHARS = 4 * 1024 * 1024
+# The most of an error body that is read (its message is cut to a line anyway).
+MAX_ERROR_BYTES = 64 * 1024
 
 
 class RemoteError(LocalfabError):
@@ -269,10 +279,15 @@ def status_error(
 def error_message(text: str) -> str:
     """The message in an error body, in the shapes servers send (OpenAI's and llama-server's
     `{"error": {"message"}}`, Ollama's `{"error": "..."}`, FastAPI's `{"detail"}`), or the body
-    itself cut short."""
+    itself cut short; a control character in it is shown, never passed on (it is printed on
+    a terminal: `ESC ] 52` would write the clipboard)."""
+    return visible_controls(_said(text))
+
+
+def _said(text: str) -> str:
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return " ".join(text.split())[:200]
     if isinstance(body, dict):
         err = body.get("error", body.get("detail", body.get("message")))
@@ -281,6 +296,32 @@ def error_message(text: str) -> str:
         if err is not None:
             return " ".join(str(err).split())[:300]
     return " ".join(text.split())[:200]
+
+
+def too_long(label: str, what: str, limit: int) -> RemoteError:
+    """The error that ends a stream holding more than `limit` (an event, a reply)."""
+    return RemoteError(
+        f"{label} sent {what} over {limit // (1024 * 1024)} MiB: stopped; the reply so far is "
+        "kept (is the server a model server, and is it well?)",
+        dropped=True,
+    )
+
+
+def _lines(chunks: Iterator[bytes], label: str) -> Iterator[str]:
+    """The lines of a stream read in chunks (ended by LF, CRLF or CR, as SSE has them); a line
+    over `MAX_EVENT_BYTES` raises before more of it is held."""
+    pending = bytearray()
+    for chunk in chunks:
+        for part in chunk.splitlines(keepends=True):
+            if len(pending) + len(part) > MAX_EVENT_BYTES + 2:  # its line end may follow
+                raise too_long(label, "an event", MAX_EVENT_BYTES)
+            pending += part
+            if part.endswith((b"\n", b"\r")):
+                # A CRLF split between chunks gives an empty line more: SSE skips it.
+                yield pending.rstrip(b"\r\n").decode("utf-8", "replace")
+                pending.clear()
+    if pending:
+        yield pending.decode("utf-8", "replace")
 
 
 def _sse(lines: Iterator[str], label: str) -> Iterator[dict[str, Any]]:
@@ -323,6 +364,16 @@ def _sse(lines: Iterator[str], label: str) -> Iterator[dict[str, Any]]:
         )
 
 
+def _head(chunks: Iterator[bytes]) -> bytes:
+    """The first `MAX_ERROR_BYTES` of a body (the rest is not read)."""
+    head = bytearray()
+    for chunk in chunks:
+        head += chunk
+        if len(head) >= MAX_ERROR_BYTES:
+            break
+    return bytes(head[:MAX_ERROR_BYTES])
+
+
 class _StreamReader:
     """Reads one event stream on a daemon thread into `items`: ("event", obj), ("end", None)
     or ("error", exception). `hang_up` closes the connection (now, or as soon as the response
@@ -346,7 +397,7 @@ class _StreamReader:
                     self._shutdown()
                     return
                 if response.status_code >= 400:
-                    text = response.read().decode("utf-8", "replace")
+                    text = _head(response.iter_bytes()).decode("utf-8", "replace")
                     raise status_error(
                         client.remote,
                         path,
@@ -355,13 +406,22 @@ class _StreamReader:
                         response,
                         keyed=client.keyed,
                     )
-                for obj in _sse(response.iter_lines(), client.remote.label):
+                lines = _lines(self._chunks(response), client.remote.label)
+                for obj in _sse(lines, client.remote.label):
                     if self._gone.is_set():
                         return
                     self.items.put(("event", obj))
             self.items.put(("end", None))
         except BaseException as exc:  # every failure goes to the reader of the items
             self.items.put(("error", exc))
+
+    def _chunks(self, response: httpx2.Response) -> Iterator[bytes]:
+        """The response's bytes as they come, until the reader hangs up (a long event is not
+        read to its end first)."""
+        for chunk in response.iter_bytes():
+            if self._gone.is_set():
+                return
+            yield chunk
 
     def hang_up(self) -> None:
         self._gone.set()

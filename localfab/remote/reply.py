@@ -20,6 +20,7 @@ from localfab.engine.types import (
     Timings,
     TokenEvent,
 )
+from localfab.remote.client import MAX_REPLY_CHARS, too_long
 
 if TYPE_CHECKING:
     from localfab.remote.client import RemoteClient
@@ -74,6 +75,7 @@ class RemoteReply:
         self.opts = options
         self.generated: list[int] = []  # the reply's ids, spelling `texts` exactly
         self.texts: list[str] = []
+        self.size = 0  # characters in `texts`
         self.thought = ThoughtStep(options.thinking) if options.thinking is not None else None
         self.tools = ToolStep(options.tools) if options.tools is not None else None
         self.t_start = time.perf_counter()
@@ -114,6 +116,8 @@ class RemoteReply:
         body = self._body(sent, n_predict)
         for chunk in self.engine.client.events("/completion", body, cancel):
             ids += [int(t) for t in chunk.get("tokens") or ()]
+            if len(ids) > MAX_REPLY_CHARS:  # a token spells a character or more
+                raise too_long(self.engine.client.remote.label, "a reply", MAX_REPLY_CHARS)
             text = str(chunk.get("content") or "")
             if text:
                 texts.append(text)
@@ -143,6 +147,9 @@ class RemoteReply:
     def _event(self, text: str, ids: list[int]) -> TokenEvent:
         if not self.t_first:
             self.t_first = time.perf_counter()
+        self.size += len(text)
+        if self.size > MAX_REPLY_CHARS:
+            raise too_long(self.engine.client.remote.label, "a reply", MAX_REPLY_CHARS)
         self.texts.append(text)
         token = ids[-1] if ids else -1
         thought, tools = self.thought, self.tools

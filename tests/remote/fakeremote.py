@@ -6,7 +6,9 @@ It answers `/props`, `/tokenize` (one token per character: the id is the code po
 number answers that HTTP status with an error body, "drop" closes the connection mid-reply,
 "malformed" sends a line that is not JSON, "silent" stops sending (the client times out),
 "error" sends llama-server's `error:` event, "truncated" ends the stream without its last
-event. Every /completion body is kept in `requests`.
+event, "huge" sends one event of `huge` bytes of text (in slices of a MiB, `huge_pause` seconds
+apart), then its end. An error status's message is `message` where set; the chat API sends
+`tool_calls` (its deltas) after its text. Every /completion body is kept in `requests`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ class FakeRemote:
         self.requests: list[dict[str, Any]] = []
         self.key: str | None = None  # when set, requests must carry it (else 401)
         self.disconnected = threading.Event()  # a client closed a stream early
+        self.message: str | None = None  # an error status's message (None: a plain one)
+        self.huge = 0  # bytes of the "huge" mode's one event
+        self.huge_pause = 0.0  # seconds between its slices
+        self.tool_calls: list[dict[str, Any]] = []  # the chat API's tool_calls deltas
+        self.send_tokens = True  # /completion's events carry their token ids
 
     def pieces(self, text: str) -> list[dict[str, Any]]:
         return [{"id": ord(c), "piece": c} for c in text]
@@ -129,7 +136,7 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
                 time.sleep(3)
             if mode.isdigit():
                 headers = {"Retry-After": "7"} if mode == "429" else {}
-                message = {"503": "Loading model"}.get(mode, f"failure {mode}")
+                message = fake.message or {"503": "Loading model"}.get(mode, f"failure {mode}")
                 self._json(int(mode), {"error": {"code": int(mode), "message": message}}, headers)
                 return
             self.send_response(200)
@@ -137,7 +144,10 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             try:
-                self._chat_stream(mode) if chat else self._stream(mode, n_predict)
+                if mode == "huge":
+                    self._huge()
+                else:
+                    self._chat_stream(mode) if chat else self._stream(mode, n_predict)
             except (BrokenPipeError, ConnectionResetError):
                 fake.disconnected.set()
 
@@ -145,6 +155,18 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
             data = text.encode()
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
+
+        def _huge(self) -> None:
+            """One `data:` event of `fake.huge` bytes of text, a MiB at a time, and the end."""
+            self._chunk('data: {"content": "')
+            slice_ = "x" * (1 << 20)
+            for _ in range(fake.huge >> 20):
+                if fake.huge_pause:
+                    time.sleep(fake.huge_pause)
+                self._chunk(slice_)
+            self._chunk('", "stop": false}\n\n')
+            self._event({"content": "", "stop": True, "stop_type": "eos", "tokens_predicted": 1})
+            self._chunk("")
 
         def _event(self, obj: dict[str, Any], field: str = "data") -> None:
             self._chunk(f"{field}: {json.dumps(obj)}\n\n")
@@ -158,7 +180,8 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
                 if mode == "slow":
                     time.sleep(0.3)
                 if text:
-                    self._event({"content": text, "tokens": [ord(c) for c in text], "stop": False})
+                    tokens = [ord(c) for c in text] if fake.send_tokens else []
+                    self._event({"content": text, "tokens": tokens, "stop": False})
                 if i == 0 and mode == "drop":
                     self.wfile.flush()
                     self.connection.shutdown(2)
@@ -198,7 +221,7 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
             self._chunk("")
 
         def _chat_stream(self, mode: str) -> None:
-            def delta(**fields: str) -> dict[str, Any]:
+            def delta(**fields: Any) -> dict[str, Any]:
                 return {
                     "object": "chat.completion.chunk",
                     "choices": [{"index": 0, "delta": fields, "finish_reason": None}],
@@ -214,6 +237,8 @@ def _handler(fake: FakeRemote) -> type[BaseHTTPRequestHandler]:
                     return
                 if i == 1 and mode == "malformed":
                     self._chunk("data: {not json\n\n")
+            if fake.tool_calls:
+                self._event(delta(content="", tool_calls=fake.tool_calls))
             end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
             self._event(end)
             self._event({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3}})
