@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from localfab.chat.history import History
 from localfab.config import Config, Paths
+from localfab.textsafe import visible_controls
 from localfab.tui import textual_fixes
 from localfab.tui.backend import ChatBackend
 from localfab.tui.screens.chat import ChatScreen
@@ -133,6 +135,28 @@ class LocalfabApp(App[None]):
             self.notify(problem, title="Keys (config.toml)", severity="warning", timeout=12)
         for notice in self.start_notices:
             self.notify(notice, severity="error", timeout=15)
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """A toast that shows its text literally, whatever `markup` says (widgets' and screens'
+        `notify` pass it on as True): the app writes no markup, and its notes carry servers'
+        errors, file names and config values, where `[/x]` would end the app and
+        `[@click=app.quit]` would be an action link. This method is thread-safe, as Textual's."""
+        del markup
+        super().notify(
+            visible_controls(message),
+            title=visible_controls(title),
+            severity=severity,
+            timeout=timeout,
+            markup=False,
+        )
 
     @property
     def chat(self) -> ChatScreen:

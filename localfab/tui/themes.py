@@ -32,6 +32,13 @@ COLOUR_KEYS = (
     "error",
 )
 REQUIRED = ("name", "primary")
+# What a theme file may hold. Each variable is checked by parsing CSS with it (and the app's whole
+# stylesheet is built with all of them), so 200,000 of them would keep the app from starting for
+# minutes. Textual itself has under 200 variables; a theme with every one of them is a few KiB.
+MAX_THEME_BYTES = 64 * 1024
+_KIB = MAX_THEME_BYTES // 1024
+MAX_THEME_VARIABLES = 400
+MAX_VALUE_CHARS = 100
 DEFAULT_DARK = "localfab-dark"
 DEFAULT_LIGHT = "localfab-light"
 _REPO_THEMES = Path(__file__).resolve().parent.parent.parent / "themes"
@@ -49,6 +56,8 @@ class LoadedThemes:
 
 def parse_theme(text: str, source: str) -> Theme:
     """A Theme from TOML text; `ThemeError` says what is wrong and where."""
+    if len(text) > MAX_THEME_BYTES:
+        raise ThemeError(f"{source}: too large (a theme file holds at most {_KIB} KiB)")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -77,16 +86,25 @@ def parse_theme(text: str, source: str) -> Theme:
     dark = data.get("dark", True)
     if not isinstance(dark, bool):
         raise ThemeError(f"{source}: dark must be true or false")
-    variables = data.get("variables", {})
-    if not isinstance(variables, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in variables.items()
-    ):
-        raise ThemeError(f"{source}: [variables] must map names to strings")
-    theme = Theme(name=name, primary=colours.pop("primary"), dark=dark, variables=dict(variables))
+    variables = _variables(data.get("variables", {}), source)
+    theme = Theme(name=name, primary=colours.pop("primary"), dark=dark, variables=variables)
     for key, value in colours.items():
         setattr(theme, key, value)
     _check_variables(theme, source)
     return theme
+
+
+def _variables(variables: object, source: str) -> dict[str, str]:
+    """The `[variables]` table, if it maps names to strings and is not too long."""
+    if not isinstance(variables, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in variables.items()
+    ):
+        raise ThemeError(f"{source}: [variables] must map names to strings")
+    if len(variables) > MAX_THEME_VARIABLES:
+        raise ThemeError(
+            f"{source}: {len(variables):,} variables (a theme sets at most {MAX_THEME_VARIABLES})"
+        )
+    return dict(variables)
 
 
 _VARIABLE_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
@@ -124,7 +142,7 @@ def _check_variables(theme: Theme, source: str) -> None:
                 f"{source}: variable {name!r} is not a theme variable's name (lower-case letters, "
                 "digits and '-')"
             )
-        if any(c in value for c in ";{}\n\r") or len(value) > 100:
+        if any(c in value for c in ";{}\n\r") or len(value) > MAX_VALUE_CHARS:
             raise ThemeError(
                 f"{source}: variable {name} = {value!r} is not one value: give {example}"
             )
@@ -158,13 +176,25 @@ def builtin_theme_files() -> list[Traversable | Path]:
     return files or _theme_files(_REPO_THEMES)
 
 
+def _read(file: Traversable | Path, source: str) -> str:
+    """A theme file's text, read no further than a theme may hold (nor from what is no file:
+    a FIFO would block the app's start)."""
+    if not file.is_file():
+        raise ThemeError(f"{source}: not a file")
+    with file.open("rb") as f:
+        data = f.read(MAX_THEME_BYTES + 1)
+    if len(data) > MAX_THEME_BYTES:
+        raise ThemeError(f"{source}: too large (a theme file holds at most {_KIB} KiB)")
+    return data.decode("utf-8")
+
+
 def _load(files: Iterable[Traversable | Path], kind: str) -> tuple[list[Theme], list[str]]:
     themes: list[Theme] = []
     problems: list[str] = []
     for file in files:
         source = f"{kind} theme {file.name}"
         try:
-            themes.append(parse_theme(file.read_text(encoding="utf-8"), source))
+            themes.append(parse_theme(_read(file, source), source))
         except (OSError, UnicodeDecodeError) as exc:
             problems.append(f"{source}: cannot be read ({exc})")
         except ThemeError as exc:

@@ -138,7 +138,7 @@ class ChatScreen(
             yield SessionsPanel(id="sessions", now=self.lf_app.clock_now)
             with Vertical(id="chat-column"):
                 with ChatLog(id="chat-log"):
-                    yield Static(self._welcome(), id="welcome")
+                    yield Static(self._welcome(), id="welcome", markup=False)
                 yield LoadPanel()
                 yield Static("", id="attachments", markup=False)
                 yield PromptBox(id="prompt", placeholder="Message (Enter sends, Ctrl+J new line)")

@@ -17,6 +17,7 @@ from localfab.tui.backend import (
     StoredTurn,
     ToolCallWriting,
 )
+from localfab.tui.plain import escaped, palette_name, plain
 from localfab.tui.widgets.messages import MessageView
 from localfab.units import format_ms as duration
 
@@ -152,8 +153,14 @@ class ListedCommands(Provider):
         for name, help_text, callback in self._commands():
             score = matcher.match(name)
             if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+                yield Hit(
+                    score,
+                    palette_name(matcher, name),
+                    callback,
+                    text=name,
+                    help=escaped(help_text),
+                )
 
     async def discover(self) -> Hits:
         for name, help_text, callback in self._commands():
-            yield DiscoveryHit(name, callback, help=help_text)
+            yield DiscoveryHit(plain(name), callback, text=name, help=escaped(help_text))

@@ -23,6 +23,7 @@ from localfab.errors import LocalfabError
 from localfab.gguf.facts import ModelFacts
 from localfab.machine.probes import Machine, load_profiles, machine_from_profile_name
 from localfab.plan import DoesNotFit, Plan, Wishes, plan
+from localfab.tui.plain import plain
 from localfab.tui.widgets.membars import MemoryBars
 from localfab.units import KV_CACHE_TYPES
 
@@ -116,32 +117,34 @@ class FitScreen(Screen[None]):
         self.plans_made = 0
 
     def compose(self) -> ComposeResult:
-        yield Label(f"Fit: {self.model}", id="fit-title")
+        yield Label(f"Fit: {self.model}", id="fit-title", markup=False)
         with Horizontal(id="fit-controls"):
             with Vertical(classes="fit-control", id="fit-machine-control"):
-                yield Label("Machine")
-                options = [(THIS_MACHINE, THIS_MACHINE)] + [(p, p) for p in self._profiles()]
+                yield Label("Machine", markup=False)
+                options = [(plain(THIS_MACHINE), THIS_MACHINE)] + [
+                    (plain(p), p) for p in self._profiles()
+                ]
                 yield Select(
                     options, value=THIS_MACHINE, allow_blank=False, id="fit-machine", compact=True
                 )
             with Vertical(classes="fit-control"):
-                yield Label("Context")
+                yield Label("Context", markup=False)
                 yield Input(placeholder=AUTO, type="integer", id="fit-ctx", compact=True)
             with Vertical(classes="fit-control"):
-                yield Label("KV cache")
+                yield Label("KV cache", markup=False)
                 kv = [(AUTO, AUTO)] + [(k, k) for k in KV_CACHE_TYPES]
                 yield Select(kv, value=AUTO, allow_blank=False, id="fit-kv", compact=True)
             with Vertical(classes="fit-control"):
-                yield Label("GPU layers")
+                yield Label("GPU layers", markup=False)
                 yield Input(placeholder=AUTO, type="integer", id="fit-ngl", compact=True)
             with Vertical(classes="fit-control"):
-                yield Label("Flash attn")
+                yield Label("Flash attn", markup=False)
                 fa = [(v, v) for v in ("auto", "on", "off")]
                 yield Select(fa, value="auto", allow_blank=False, id="fit-fa", compact=True)
         with VerticalScroll(id="fit-body"):
-            yield Static("Planning…", id="fit-summary")
+            yield Static("Planning…", id="fit-summary", markup=False)
             yield MemoryBars(id="fit-bars")
-            yield Static("", id="fit-reasons")
+            yield Static("", id="fit-reasons", markup=False)
         with Horizontal(id="fit-actions"):
             yield Button(
                 "Load with this plan", id="fit-load", variant="primary", disabled=True, compact=True

@@ -22,6 +22,7 @@ from textual.widgets import DataTable, Footer, Input, Label, Static, TabbedConte
 from localfab.errors import LocalfabError
 from localfab.tui.downloads import PullJob
 from localfab.tui.models import ListsRemotes, ModelActions, ModelRow, ModelSource
+from localfab.tui.plain import escaped, palette_name, plain, plain_cell
 from localfab.tui.widgets.catalog_pane import WIDTHS, CatalogPane, cursor_key, restore_cursor
 from localfab.tui.widgets.confirm import ConfirmDialog
 from localfab.tui.widgets.pulls import PullsPanel
@@ -41,13 +42,19 @@ class ModelsCommands(Provider):
 
     async def discover(self) -> Hits:
         for name, help_text, callback in self._commands():
-            yield DiscoveryHit(name, callback, help=help_text)
+            yield DiscoveryHit(plain(name), callback, text=name, help=escaped(help_text))
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for name, help_text, callback in self._commands():
             if (score := matcher.match(name)) > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+                yield Hit(
+                    score,
+                    palette_name(matcher, name),
+                    callback,
+                    text=name,
+                    help=escaped(help_text),
+                )
 
 
 class ModelsScreen(Screen[None]):
@@ -135,11 +142,11 @@ class ModelsScreen(Screen[None]):
 
     # layout -------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield Label("Models", id="models-title")
+        yield Label("Models", id="models-title", markup=False)
         with TabbedContent(id="models-tabs", initial="local-pane"):
             with TabPane("On this machine", id="local-pane"):
                 yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
-                yield Static(self._local_hint(), id="models-hint")
+                yield Static(self._local_hint(), id="models-hint", markup=False)
             with TabPane("Catalog", id="catalog-pane", disabled=self.actions is None):
                 yield CatalogPane(self.actions, id="catalog")
             with TabPane("Remote servers", id="remote-pane"):
@@ -188,7 +195,7 @@ class ModelsScreen(Screen[None]):
     def on_mount(self) -> None:
         table = self.query_one("#models-table", DataTable)
         for column in COLUMNS:
-            table.add_column(column, key=column.lower(), width=WIDTHS.get(column))
+            table.add_column(plain_cell(column), key=column.lower(), width=WIDTHS.get(column))
         self._refresh_lists()
         if self.actions is not None:
             queue = self.actions.downloads
@@ -237,7 +244,10 @@ class ModelsScreen(Screen[None]):
         keep = cursor_key(table)
         table.clear()
         for r in event.rows:
-            table.add_row(r.name, r.size, r.quant, r.arch, "…", r.last_used, key=r.name)
+            table.add_row(
+                *(plain_cell(c) for c in (r.name, r.size, r.quant, r.arch, "…", r.last_used)),
+                key=r.name,
+            )
         restore_cursor(table, keep)
         hint = self.query_one("#models-hint", Static)
         if not event.rows:
@@ -257,7 +267,7 @@ class ModelsScreen(Screen[None]):
     def _fit_judged(self, event: FitJudged) -> None:
         table = self.query_one("#models-table", DataTable)
         if event.name in {str(k.value) for k in table.rows}:
-            table.update_cell(event.name, "fit", event.verdict)
+            table.update_cell(event.name, "fit", plain_cell(event.verdict))
 
     @on(DataTable.RowSelected, "#models-table")
     def _selected(self, event: DataTable.RowSelected) -> None:

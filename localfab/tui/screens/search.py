@@ -53,8 +53,9 @@ class HitItem(ListItem):
         yield Label(
             Content(visible_controls(f"{self.hit.title or '(untitled chat)'} · {who}")),
             classes="search-hit-title",
+            markup=False,
         )
-        yield Label(snippet_content(self.hit.snippet), classes="search-hit-snippet")
+        yield Label(snippet_content(self.hit.snippet), classes="search-hit-snippet", markup=False)
 
 
 class SearchScreen(ModalScreen[SearchHit | None]):
@@ -86,7 +87,7 @@ class SearchScreen(ModalScreen[SearchHit | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog search-dialog"):
-            yield Label("Search chats", classes="dialog-title")
+            yield Label("Search chats", classes="dialog-title", markup=False)
             yield Input(self.query_text, placeholder="Words to find", id="search-input")
             yield Label(self._hint(), id="search-status", markup=False)
             yield ListView(id="search-results")

@@ -21,6 +21,7 @@ from textual.widgets import Button, Footer, Input, Label, Select, Static
 
 from localfab.config import Config, Paths, check_setting, save_settings
 from localfab.errors import UsageError
+from localfab.tui.plain import plain
 
 # (setting, label) for the settings edited as text, in the order shown.
 FIELDS: tuple[tuple[str, str], ...] = (
@@ -77,25 +78,25 @@ class SettingsScreen(Screen[None]):
         self._initial_theme = ""
 
     def compose(self) -> ComposeResult:
-        yield Label("Settings", id="settings-title")
+        yield Label("Settings", id="settings-title", markup=False)
         with VerticalScroll(id="settings-form"):
             with Horizontal(classes="settings-row"):
-                yield Label("Theme", classes="settings-label")
+                yield Label("Theme", classes="settings-label", markup=False)
                 current = self._initial_theme = self.app.theme
-                options = [(t, t) for t in self.themes]
+                options = [(plain(t), t) for t in self.themes]
                 if current not in self.themes:
-                    options.insert(0, (current, current))
+                    options.insert(0, (plain(current), current))
                 yield Select(
                     options, value=current, allow_blank=False, id="settings-theme", compact=True
                 )
             for name, label in FIELDS:
                 with Horizontal(classes="settings-row"):
-                    yield Label(label, classes="settings-label")
+                    yield Label(label, classes="settings-label", markup=False)
                     yield Input(
                         str(getattr(self.config, name)), id=f"settings-{name}", compact=True
                     )
-            yield Static(hub_lines(self.env), id="settings-hub")
-            yield Static("", id="settings-problem")
+            yield Static(hub_lines(self.env), id="settings-hub", markup=False)
+            yield Static("", id="settings-problem", markup=False)
         with Horizontal(id="settings-actions"):
             yield Button("Save", id="settings-save", variant="primary", compact=True)
         yield Footer()

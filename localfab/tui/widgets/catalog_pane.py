@@ -20,6 +20,7 @@ from textual.worker import get_current_worker
 from localfab.errors import LocalfabError
 from localfab.tui.downloads import PullJob
 from localfab.tui.models import ESTIMATE, CatalogRow, ModelActions
+from localfab.tui.plain import plain_cell
 from localfab.units import format_bytes
 
 CATALOG_COLUMNS = ("Name", "Size", "Params", "Context", "Fit", "Status")
@@ -84,7 +85,7 @@ class CatalogPane(Vertical):
     def on_mount(self) -> None:
         table = self.query_one("#catalog-table", DataTable)
         for column in CATALOG_COLUMNS:
-            table.add_column(column, key=column.lower(), width=WIDTHS.get(column))
+            table.add_column(plain_cell(column), key=column.lower(), width=WIDTHS.get(column))
 
     # loading and fits ---------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="catalog", exit_on_error=False)
@@ -117,9 +118,8 @@ class CatalogPane(Vertical):
         table.clear()
         for row in self.visible_rows():
             fit = self.catalog_fits.get(row.name, CHECKING if self.fits_started else "")
-            table.add_row(
-                row.name, row.size, row.params, row.context, fit, self.status(row), key=row.name
-            )
+            cells = (row.name, row.size, row.params, row.context, fit, self.status(row))
+            table.add_row(*(plain_cell(c) for c in cells), key=row.name)
         restore_cursor(table, keep)
         self.show_detail()
 
@@ -182,7 +182,7 @@ class CatalogPane(Vertical):
     def set_cell(self, name: str, column: str, value: str) -> None:
         table = self.query_one("#catalog-table", DataTable)
         if name in {str(k.value) for k in table.rows}:
-            table.update_cell(name, column, value)
+            table.update_cell(name, column, plain_cell(value))
 
     # the filter and the cursor ------------------------------------------------------------------
     @on(Input.Changed, "#catalog-filter")

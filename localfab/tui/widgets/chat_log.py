@@ -35,7 +35,7 @@ class ChatLog(VerticalScroll):
         turn (None for an empty one)."""
         await self.remove_children()
         if not shown:
-            await self.mount(Static(welcome, id="welcome"))
+            await self.mount(Static(welcome, id="welcome", markup=False))
         placed: list[ChatMessage | None] = []
         widgets: list[Widget] = []
         for t in shown:

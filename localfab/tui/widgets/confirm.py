@@ -9,6 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from localfab.tui.plain import plain
+
 
 class ConfirmDialog(ModalScreen[bool]):
     """Asks `question`; dismissed with True only when the user confirms (button or `y`)."""
@@ -29,7 +31,7 @@ class ConfirmDialog(ModalScreen[bool]):
             yield Label(self.title_text, classes="dialog-title", markup=False)
             yield Static(self.question, classes="dialog-body", markup=False)
             with Horizontal(classes="dialog-buttons"):
-                yield Button(self.yes, variant="error", id="confirm-yes")
+                yield Button(plain(self.yes), variant="error", id="confirm-yes")
                 yield Button("Cancel", variant="primary", id="confirm-no")
 
     def on_mount(self) -> None:

@@ -57,7 +57,7 @@ class LoadPanel(Vertical):
         self.model_name = ""
 
     def compose(self) -> ComposeResult:
-        yield Label("", id="load-stage")
+        yield Label("", id="load-stage", markup=False)
         yield ProgressBar(total=100, show_eta=False, id="load-bar")
         yield Static("", id="load-plan", markup=False)
         yield Button("Cancel load", id="load-cancel")

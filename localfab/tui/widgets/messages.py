@@ -42,7 +42,9 @@ class ShiftDivider(Static):
     """An inline line where old turns left the context window."""
 
     def __init__(self, turns: int, tokens: int) -> None:
-        super().__init__(f"── {shift_text(turns, tokens)} ──", classes="shift-divider")
+        super().__init__(
+            f"── {shift_text(turns, tokens)} ──", classes="shift-divider", markup=False
+        )
         self.turns = turns
         self.tokens = tokens
 
@@ -168,7 +170,7 @@ class MessageView(Vertical):
         self._end_block: MarkdownBlock | None = None
 
     def compose(self) -> ComposeResult:
-        yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        yield Label("You" if self.role == "user" else "Assistant", classes="role", markup=False)
         if self.images:
             yield Label(image_chips([i.label for i in self.images]), classes="images", markup=False)
             if previews.drawing():
@@ -177,7 +179,7 @@ class MessageView(Vertical):
             yield self.thought
         with Vertical(classes="body"):
             yield ReplyMarkdown(visible_controls(self._initial), classes="segment")
-        yield Label("", classes="reply-footer")
+        yield Label("", classes="reply-footer", markup=False)
 
     @property
     def segments(self) -> list[Markdown]:

@@ -111,7 +111,7 @@ class PullsPanel(VerticalScroll):
         name: str
 
     def compose(self) -> ComposeResult:
-        yield Label("Downloads", classes="pulls-title")
+        yield Label("Downloads", classes="pulls-title", markup=False)
 
     def show(self, job: PullJob) -> None:
         """Add or redraw the job's line."""

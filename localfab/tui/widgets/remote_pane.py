@@ -13,8 +13,8 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from localfab.remote.listing import RemoteRow
-from localfab.textsafe import visible_controls
 from localfab.tui.models import ListsRemotes
+from localfab.tui.plain import plain_cell
 
 REMOTE_COLUMNS = (("Server", 18), ("Model", 34), ("Details", None))
 HINT = "Enter chats with the model on its server · Ctrl+R asks again"
@@ -48,12 +48,12 @@ class RemotePane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield DataTable(id="remote-table", cursor_type="row", zebra_stripes=True)
-        yield Static("", id="remote-hint")
+        yield Static("", id="remote-hint", markup=False)
 
     def on_mount(self) -> None:
         table = self.query_one("#remote-table", DataTable)
         for title, width in REMOTE_COLUMNS:
-            table.add_column(title, key=title.lower(), width=width)
+            table.add_column(plain_cell(title), key=title.lower(), width=width)
 
     def load(self) -> None:
         """List the servers' models (again)."""
@@ -77,10 +77,7 @@ class RemotePane(Vertical):
         for i, row in enumerate(event.rows):
             model = row.model or "—"
             table.add_row(
-                visible_controls(row.server),
-                visible_controls(model),
-                visible_controls(row.detail),
-                key=str(i),
+                plain_cell(row.server), plain_cell(model), plain_cell(row.detail), key=str(i)
             )
         self.query_one("#remote-hint", Static).update(HINT if event.rows else NONE_HINT)
 

@@ -44,7 +44,7 @@ class ResumeDivider(Static):
     """Where a resumed chat's window starts: the turns above it are not sent to the model."""
 
     def __init__(self, turns: int) -> None:
-        super().__init__(f"── {resume_shift_text(turns)} ──", classes="shift-divider")
+        super().__init__(f"── {resume_shift_text(turns)} ──", classes="shift-divider", markup=False)
         self.turns = turns
 
 
@@ -118,7 +118,7 @@ class SessionsPanel(Vertical):
         self._growing = False
 
     def compose(self) -> ComposeResult:
-        yield Label("Chats", classes="panel-title")
+        yield Label("Chats", classes="panel-title", markup=False)
         yield SessionsList(id="sessions-list")
 
     def show(self, sessions: list[StoredSession], current: int | None) -> None:

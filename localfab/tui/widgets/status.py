@@ -52,14 +52,14 @@ class StatusBar(Horizontal):
         return label
 
     def compose(self) -> ComposeResult:
-        yield Label("no model", id="status-model")
-        yield Label("", id="status-gpu")
-        yield Label("", id="status-ctx")
-        yield Label("TTFT —", id="status-ttft")
-        yield Label("", id="status-thought")
-        yield Label("— tok/s", id="status-speed")
+        yield Label("no model", id="status-model", markup=False)
+        yield Label("", id="status-gpu", markup=False)
+        yield Label("", id="status-ctx", markup=False)
+        yield Label("TTFT —", id="status-ttft", markup=False)
+        yield Label("", id="status-thought", markup=False)
+        yield Label("— tok/s", id="status-speed", markup=False)
         yield Sparkline([], id="status-spark")
-        yield Label("— J/tok", id="status-energy")
+        yield Label("— J/tok", id="status-energy", markup=False)
 
     def show_model(
         self, name: str, gpu_layers: int | None, total_layers: int | None, remote: str = ""

@@ -63,7 +63,7 @@ class ThoughtBlock(Static, can_focus=True):
     BINDINGS = [Binding("enter,space", "fold", "Show/hide thought", show=False)]
 
     def __init__(self, text: str = "", *, tokens: int | None = None, live: bool = False) -> None:
-        super().__init__("", classes="thought")
+        super().__init__("", classes="thought", markup=False)
         self.text = text
         self.tokens = tokens
         self.live = live

@@ -22,6 +22,7 @@ from textual.widgets import Button, Collapsible, Input, Label, SelectionList, St
 from localfab.mcp.servers import split_name
 from localfab.textsafe import visible_controls
 from localfab.tui.backend import ToolCallShown, ToolResultShown, ToolServerRow
+from localfab.tui.plain import escaped
 
 # A result longer than this many lines starts folded.
 FOLD_LINES = 6
@@ -120,7 +121,7 @@ class ToolResultCard(Collapsible):
         folded = text.count("\n") >= FOLD_LINES
         super().__init__(
             Static(text, classes="tool-output", markup=False),
-            title=title,
+            title=escaped(title),
             collapsed=folded,
             classes=f"tool-card tool-result {result.kind}",
         )
@@ -156,7 +157,7 @@ class ToolsScreen(ModalScreen[list[str] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog tools-dialog"):
-            yield Label("Tools for this chat (MCP servers)", classes="dialog-title")
+            yield Label("Tools for this chat (MCP servers)", classes="dialog-title", markup=False)
             if not self.rows:
                 why = self.problem or (
                     "No MCP servers are configured. Add [mcp.servers.NAME] to config.toml, or "

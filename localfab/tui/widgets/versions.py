@@ -120,7 +120,7 @@ class ChatMessage(MessageView):
         labels = self.query(".versions").results(Label)
         label = next(labels, None)
         if label is None:
-            label = Label("", classes="versions")
+            label = Label("", classes="versions", markup=False)
             self.mount(label)
         label.update(text)
         label.set_class(bool(text), "shown")
