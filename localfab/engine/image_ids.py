@@ -6,11 +6,17 @@ list like text tokens, so what compares prompts works on them unchanged (prefix 
 image in the next turn is not encoded again; the prompt cache; the choice of a slot), and a
 different image differs at its first position. Pure arithmetic, no llama.cpp: `engine.vision`
 turns images into these ids and evaluates runs of them.
+
+A request's prompt keeps its images prepared until it has been evaluated: `ImageHold` pins
+them (the projector frees only images no hold pins), and `HeldTokens` carries the hold with
+the prompt's tokens to the jobs that run it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 # Positions one image may take (the largest projectors give a few thousand tokens per image).
@@ -60,3 +66,55 @@ def image_end(tokens: Sequence[int], n: int) -> int:
     while 0 < n < len(tokens) and tokens[n] < 0 and index_in_image(tokens[n]) > 0:
         n += 1
     return n
+
+
+# How a projector lets go of a hold's images: (the images' first ids, whether the call may wait
+# for the projector's lock: not when the collector runs it, which may be inside that lock).
+Unpin = Callable[[set[int], bool], None]
+
+
+class ImageHold:
+    """The images one request's prompt refers to, pinned: the projector does not free them to
+    make room for others until the prompt has been evaluated. That is once the jobs that run
+    it have ended (`enter`/`leave`), or, for a prompt no job took (a request refused early, a
+    template applied), once the hold is dropped."""
+
+    def __init__(self, unpin: Unpin) -> None:
+        self.firsts: set[int] = set()  # the images' first ids (what the projector pins)
+        self.n_tokens = 0  # the tokens those images take
+        self._unpin = unpin
+        self._jobs = 0
+        self._lock = threading.Lock()
+        # Dropped without a release: the collector's call may come inside the projector's lock.
+        self._dropped = weakref.finalize(self, unpin, self.firsts, False)
+        self._dropped.atexit = False  # at exit the projector may be gone
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    def enter(self) -> None:
+        """A job takes the prompt: its images stay pinned until that job `leave`s."""
+        with self._lock:
+            self._jobs += 1
+
+    def leave(self) -> None:
+        """A job that took the prompt ended; the last one lets the images go."""
+        with self._lock:
+            self._jobs -= 1
+            last = self._jobs <= 0
+        if last:
+            self.release()
+
+    def release(self) -> None:
+        """Let the images go now (once; later calls do nothing)."""
+        if self._dropped.detach() is not None:
+            self._unpin(self.firsts, True)
+
+
+class HeldTokens(list[int]):
+    """A prompt's tokens with the hold on its images: a job given them keeps the images
+    prepared while it runs (`server.jobs.Job`). A copy or a slice is a plain list."""
+
+    def __init__(self, tokens: Iterable[int], hold: ImageHold) -> None:
+        super().__init__(tokens)
+        self.hold = hold

@@ -9,6 +9,10 @@ evaluated (`KVCache.decode` hands prompts that hold one to `Projector.decode`), 
 encodes the image and llama.cpp decodes its embeddings into the sequence's cells at those
 positions. The same image again (the next turn of a chat) is found in the cache by its ids and
 not encoded again; `n_encoded` counts the encodings.
+
+Prepared images are kept for a while (a chat sends its images again every turn), the oldest
+freed first; an image a request's prompt still needs (`ImageHold`: queued or running) is never
+freed, however many other images come meanwhile.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import re
-from collections import OrderedDict
-from collections.abc import Sequence
+import threading
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,7 +32,7 @@ import llama_cpp.mtmd_cpp as mtmd
 
 from localfab.engine import native
 from localfab.engine.image_header import image_size
-from localfab.engine.image_ids import image_end, index_in_image, run_ids
+from localfab.engine.image_ids import ImageHold, image_end, index_in_image, run_ids
 from localfab.errors import LocalfabError
 from localfab.gguf.modelfile import check_gguf_file
 from localfab.units import MiB
@@ -45,7 +51,8 @@ class Host(Protocol):
     projector: Any
 
 
-# Prepared images kept for evaluation, the oldest freed first (each holds its resized pixels).
+# Prepared images no request needs any more that are kept for the next turn of a chat, the oldest
+# freed first (each holds its resized pixels); a request's own are pinned (`ImageHold`) besides.
 KEPT_IMAGES = 32
 NO_PROGRAMS = b"/nonexistent/localfab-runs-no-video-decoder"
 
@@ -81,34 +88,107 @@ class Projector:
         self._ctx = ctx
         self.n_ubatch = int(lc.llama_n_ubatch(ctx))
         self.marker = (mtmd.mtmd_default_marker() or b"<__media__>").decode()
+        self.n_ctx = int(lc.llama_n_ctx(ctx))
+        # Requests' threads prepare images while the engine thread evaluates them.
+        self._lock = threading.Lock()
         # first image id of a run -> the prepared image (an mtmd chunk this object owns)
         self._images: OrderedDict[int, Any] = OrderedDict()
         # an image's content hash -> its tokens, while its prepared image is kept: a chat
         # sends its images again every turn, and they are not decoded and resized again
         self._tokens: dict[str, list[int]] = {}
+        # first image id -> the holds (and evaluations) that need it: never freed while > 0
+        self._pins: Counter[int] = Counter()
+        self._unpinned: deque[set[int]] = deque()  # dropped holds' images, to let go of
         self.n_encoded = 0  # images the projector encoded (each reuse of one saves one)
 
     def close(self) -> None:
         """Free the prepared images and the projector (before the model it was loaded with)."""
-        for chunk in self._images.values():
-            mtmd.mtmd_input_chunk_free(chunk)
-        self._images.clear()
-        self._tokens.clear()
+        with self._lock:
+            for chunk in self._images.values():
+                mtmd.mtmd_input_chunk_free(chunk)
+            self._images.clear()
+            self._tokens.clear()
+            self._pins.clear()
         if self._mctx:
             mtmd.mtmd_free(self._mctx)
             self._mctx = None
 
+    @property
+    def n_kept(self) -> int:
+        """Prepared images held now (pinned or kept for a later turn)."""
+        return len(self._images)
+
+    # --- pins ----------------------------------------------------------------------------------
+
+    def hold(self) -> ImageHold:
+        """A new hold for one request's images (`image_tokens`)."""
+        return ImageHold(self._unpin)
+
+    def _unpin(self, firsts: set[int], wait: bool) -> None:
+        self._unpinned.append(firsts)
+        # Not waiting: the collector may run this on a thread inside the lock, which then lets
+        # the images go as it leaves it.
+        if self._lock.acquire(blocking=wait):
+            try:
+                self._settle()
+            finally:
+                self._lock.release()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._settle()
+
+    def _settle(self) -> None:
+        """Let go of the images of holds released or dropped, then free the oldest images
+        beyond `KEPT_IMAGES` that nothing pins (called inside the lock)."""
+        while self._unpinned:
+            for first in self._unpinned.popleft():
+                self._pins[first] -= 1
+                if self._pins[first] <= 0:
+                    del self._pins[first]
+        unpinned = [first for first in self._images if first not in self._pins]
+        for first in unpinned[: max(0, len(unpinned) - KEPT_IMAGES)]:
+            mtmd.mtmd_input_chunk_free(self._images.pop(first))
+        if len(self._tokens) > 2 * max(KEPT_IMAGES, len(self._images)):
+            held = set(self._images)  # drop the hashes of images no longer kept
+            self._tokens = {d: t for d, t in self._tokens.items() if t[self._first(t)] in held}
+
+    def _pin(self, hold: ImageHold | None, tokens: list[int]) -> None:
+        """Pin the image whose tokens are `tokens` for `hold` (inside the lock); LocalfabError
+        when the request's images would take more than the whole context."""
+        first = tokens[self._first(tokens)]
+        if hold is None or first in hold.firsts:
+            return
+        n = sum(1 for t in tokens if t < 0)
+        # A request pins what it sends, but never more than its prompt could hold (beyond the
+        # images any request may have kept): so their memory stays that of one full context.
+        if len(hold) >= KEPT_IMAGES and hold.n_tokens + n > self.n_ctx:
+            raise LocalfabError(
+                f"the request's images take more than the context's {self.n_ctx} tokens: "
+                "send fewer images (or start the server with a larger -c)"
+            )
+        hold.firsts.add(first)
+        hold.n_tokens += n
+        self._pins[first] += 1
+
     # --- images to tokens ----------------------------------------------------------------------
 
-    def image_tokens(self, data: bytes) -> list[int]:
-        """The tokens an image takes in a prompt: the model's markers around its image ids.
-        LocalfabError, in one line, for what is not an image, a corrupt one, or one too big."""
+    def image_tokens(self, data: bytes, *, hold: ImageHold | None = None) -> list[int]:
+        """The tokens an image takes in a prompt: the model's markers around its image ids;
+        with `hold`, the prepared image is kept until the hold lets it go. LocalfabError, in
+        one line, for what is not an image, a corrupt one, or one too big."""
         fmt, _, _ = image_size(data)
         digest = hashlib.sha256(data).hexdigest()
-        known = self._tokens.get(digest)
-        if known is not None and known[self._first(known)] in self._images:
-            self._images.move_to_end(known[self._first(known)])
-            return list(known)
+        with self._locked():
+            known = self._tokens.get(digest)
+            if known is not None and known[self._first(known)] in self._images:
+                self._images.move_to_end(known[self._first(known)])
+                self._pin(hold, known)
+                return list(known)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         # An image stb_image cannot decode would go on to ffmpeg's video reader: never (a
         # folder that does not exist as ffmpeg's, so no program runs on what a client sent).
@@ -126,9 +206,14 @@ class Projector:
             if rc != 0:
                 raise LocalfabError(f"the projector could not prepare the {fmt} image ({rc})")
             out: list[int] = []
+            prepared: list[tuple[int, Any]] = []
             for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                out += self._tokens_of(mtmd.mtmd_input_chunks_get(chunks, i), digest)
-            self._tokens[digest] = out
+                out += self._tokens_of(mtmd.mtmd_input_chunks_get(chunks, i), digest, prepared)
+            with self._locked():
+                for first, chunk in prepared:
+                    self._keep(first, chunk)
+                self._tokens[digest] = out
+                self._pin(hold, out)
             return list(out)
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
@@ -139,7 +224,9 @@ class Projector:
         """Where the image's ids start among its tokens (after the model's marker)."""
         return next(i for i, t in enumerate(tokens) if t < 0)
 
-    def _tokens_of(self, chunk: Any, data_digest: str) -> list[int]:
+    def _tokens_of(
+        self, chunk: Any, data_digest: str, prepared: list[tuple[int, Any]]
+    ) -> list[int]:
         if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
             count = ctypes.c_size_t()
             tokens = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
@@ -158,19 +245,15 @@ class Projector:
                 f"(-ub {self.n_ubatch}): start with -ub {n} or more"
             )
         ids = run_ids((mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode() or data_digest, n)
-        self._keep(ids[0], chunk)
+        prepared.append((ids[0], chunk))
         return ids
 
     def _keep(self, first: int, chunk: Any) -> None:
+        """Keep a copy of a prepared image (inside the lock; `_settle` frees the oldest)."""
         if first in self._images:
             self._images.move_to_end(first)
             return
         self._images[first] = mtmd.mtmd_input_chunk_copy(chunk)
-        while len(self._images) > KEPT_IMAGES:
-            mtmd.mtmd_input_chunk_free(self._images.popitem(last=False)[1])
-        if len(self._tokens) > 2 * KEPT_IMAGES:  # hashes of images no longer kept
-            held = set(self._images)
-            self._tokens = {d: t for d, t in self._tokens.items() if t[self._first(t)] in held}
 
     # --- evaluation ----------------------------------------------------------------------------
 
@@ -191,14 +274,20 @@ class Projector:
             i = j
 
     def _evaluate(self, kv: KVCache, run: Sequence[int], pos: int) -> None:
-        chunk = self._images.get(run[0]) if index_in_image(run[0]) == 0 else None
-        if chunk is None or int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)) != len(run):
-            raise LocalfabError("an image of this prompt is no longer held: send it again")
-        self._images.move_to_end(run[0])
-        new_past = lc.llama_pos(0)
-        rc = mtmd.mtmd_helper_eval_chunk_single(
-            self._mctx, self._ctx, chunk, pos, kv.seq, kv.n_batch, False, ctypes.byref(new_past)
-        )
+        first = run[0]
+        with self._locked():
+            chunk = self._images.get(first) if index_in_image(first) == 0 else None
+            if chunk is None or int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)) != len(run):
+                raise LocalfabError("an image of this prompt is no longer held: send it again")
+            self._images.move_to_end(first)
+            self._pins[first] += 1  # not freed by a request's thread while it is encoded
+        try:
+            new_past = lc.llama_pos(0)
+            rc = mtmd.mtmd_helper_eval_chunk_single(
+                self._mctx, self._ctx, chunk, pos, kv.seq, kv.n_batch, False, ctypes.byref(new_past)
+            )
+        finally:
+            self._unpin({first}, True)
         if rc != 0:
             kv.sync_after_failure()
             raise LocalfabError(f"llama.cpp could not evaluate the image ({rc})")

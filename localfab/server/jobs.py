@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from localfab.engine.image_ids import HeldTokens, ImageHold
 from localfab.engine.prompt_cache import common_prefix
 from localfab.engine.types import Done, GenerationOptions, Timings, TokenEvent
 from localfab.errors import ContextOverflow
@@ -88,6 +89,8 @@ class Job:
     def __post_init__(self) -> None:
         if self.options.cancel is None:  # every job can be cancelled (a client that left)
             object.__setattr__(self, "options", replace(self.options, cancel=threading.Event()))
+        if isinstance(self.tokens, HeldTokens):  # its images stay prepared until it ends
+            object.__setattr__(self, "emit", _leaving(self.emit, self.tokens.hold))
 
     @property
     def cancel(self) -> threading.Event:
@@ -98,6 +101,22 @@ class Job:
     @property
     def n_predict(self) -> int:
         return self.options.max_tokens
+
+
+def _leaving(emit: Emit, hold: ImageHold) -> Emit:
+    """`emit`, letting go of the prompt's images once the job has ended (its Done or error)."""
+    hold.enter()
+    left = threading.Event()
+
+    def emit_and_leave(event: Progress | Step | Done | ApiError) -> None:
+        try:
+            emit(event)
+        finally:
+            if isinstance(event, Done | ApiError) and not left.is_set():
+                left.set()
+                hold.leave()
+
+    return emit_and_leave
 
 
 @dataclass

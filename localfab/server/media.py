@@ -6,18 +6,24 @@ Chat messages carry OpenAI's `image_url` parts (a `data:` URL, raw base64, or `f
 the projector's tokens (`engine.vision`): in a chat, the message's text gets the media marker
 where the image was, and its tokens (text as plain text, each image as its tokens) are pinned
 where the chat template places that text. Without a projector, media get llama-server's error.
+
+A request's images stay prepared until its prompt has been evaluated: the projector's hold on
+them (`image_ids.ImageHold`) goes with the prompt's tokens (`HeldTokens`) to its jobs.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localfab.chat.images import NOT_PLACED, count_images
+from localfab.engine.image_ids import HeldTokens, ImageHold
 from localfab.errors import LocalfabError
 from localfab.server.errors import ApiError
 
@@ -96,20 +102,39 @@ def _media_file(rel: str, media_path: Path | None) -> bytes:
     if not path.is_relative_to(root):
         raise ApiError(f"file path is not allowed: {rel}")
     try:
-        if path.stat().st_size > MAX_IMAGE_BYTES:
-            raise ApiError(f"the image is larger than {MAX_IMAGE_BYTES >> 20} MiB: {rel}")
-        return path.read_bytes()
+        # Not blocking: a FIFO or a device would hold this thread until something wrote to it.
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         raise ApiError(f"file does not exist or cannot be opened: {rel}") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ApiError(f"file is not a regular file: {rel}")
+        if info.st_size > MAX_IMAGE_BYTES:
+            raise ApiError(f"the image is larger than {MAX_IMAGE_BYTES >> 20} MiB: {rel}")
+        try:
+            data = file.read(MAX_IMAGE_BYTES + 1)
+        except OSError:
+            raise ApiError(f"file does not exist or cannot be opened: {rel}") from None
+    if len(data) > MAX_IMAGE_BYTES:  # it grew after it was measured
+        raise ApiError(f"the image is larger than {MAX_IMAGE_BYTES >> 20} MiB: {rel}")
+    return data
+
+
+class TakenImages(dict[int, list[list[int]]]):
+    """For each message with images (by index), their tokens in order; `hold` keeps them
+    prepared (None: no images)."""
+
+    hold: ImageHold | None = None
 
 
 def take_images(
     messages: list[Any], projector: Projector, media_path: Path | None
-) -> tuple[list[Any], dict[int, list[list[int]]]]:
-    """The messages with each image part as the media marker's text, and for each message
-    with images (by index) their tokens, in order."""
+) -> tuple[list[Any], TakenImages]:
+    """The messages with each image part as the media marker's text, and their images."""
     out: list[Any] = []
-    images: dict[int, list[list[int]]] = {}
+    images = TakenImages()
     for i, message in enumerate(messages):
         parts = _parts(message)
         if not any(p.get("type") in MEDIA_PARTS for p in parts):
@@ -123,19 +148,23 @@ def take_images(
                 continue
             if kind != "image":
                 raise not_supported(kind)
-            images.setdefault(i, []).append(_image(part, projector, media_path))
+            if images.hold is None:
+                images.hold = projector.hold()
+            images.setdefault(i, []).append(_image(part, projector, media_path, images.hold))
             kept.append({"type": "text", "text": projector.marker})
         out.append({**message, "content": kept})
     return out, images
 
 
-def _image(part: dict[str, Any], projector: Projector, media_path: Path | None) -> list[int]:
+def _image(
+    part: dict[str, Any], projector: Projector, media_path: Path | None, hold: ImageHold
+) -> list[int]:
     given = part.get("image_url")
     url = given.get("url") if isinstance(given, dict) else given
     if not isinstance(url, str) or not url:
         raise ApiError("an image_url part needs image_url.url")
     try:
-        return projector.image_tokens(image_bytes(url, media_path))
+        return projector.image_tokens(image_bytes(url, media_path), hold=hold)
     except LocalfabError as exc:
         raise ApiError(str(exc)) from exc
 
@@ -167,10 +196,11 @@ class Pins:
     """A chat's messages that hold images (by identity: windows are slices of the same
     messages): their content's tokens, and how many images each holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: ImageHold | None = None) -> None:
         self.tokens: dict[int, list[int]] = {}
         self.count: dict[int, int] = {}
         self.lost = 0  # images whose message could not be followed (`follow`)
+        self.hold = hold  # keeps the images prepared while the prompt may be evaluated
 
     def __bool__(self) -> bool:
         return bool(self.tokens) or bool(self.lost)
@@ -194,22 +224,20 @@ class Pins:
                 self.lost += count
 
 
-def chat_media(server: Any, messages: Any) -> tuple[Any, dict[int, list[list[int]]]]:
+def chat_media(server: Any, messages: Any) -> tuple[Any, TakenImages]:
     """A chat's raw messages with images taken out (`take_images`), or llama-server's error
     for media when the model reads none."""
     projector = server.model.engine.projector
     if not isinstance(messages, list):
-        return messages, {}
+        return messages, TakenImages()
     if projector is None:
         refuse_media(messages)
-        return messages, {}
+        return messages, TakenImages()
     return take_images(messages, projector, server.settings.media_path)
 
 
-def image_pins(
-    server: Any, messages: Sequence[Mapping[str, Any]], images: Mapping[int, list[list[int]]]
-) -> Pins:
-    pins = Pins()
+def image_pins(server: Any, messages: Sequence[Mapping[str, Any]], images: TakenImages) -> Pins:
+    pins = Pins(images.hold)
     if not images:
         return pins
     engine = server.model.engine
@@ -224,8 +252,9 @@ def image_pins(
 
 
 def with_images(tokens_of: Callable[..., list[int]], pins: Pins) -> Callable[..., list[int]]:
-    """`PromptBuilder.tokens` for a window of the chat, each image in its place; a template
-    that does not place a message's text as it is cannot place its images (a 400)."""
+    """`PromptBuilder.tokens` for a window of the chat, each image in its place (the tokens
+    hold the images: `HeldTokens`); a template that does not place a message's text as it is
+    cannot place its images (a 400)."""
 
     def tokens(window: Sequence[Mapping[str, Any]], **options: Any) -> list[int]:
         pinned = {i: pins.tokens[id(m)] for i, m in enumerate(window) if id(m) in pins.tokens}
@@ -233,7 +262,7 @@ def with_images(tokens_of: Callable[..., list[int]], pins: Pins) -> Callable[...
         want = sum(pins.count.get(id(m), 0) for m in window)
         if pins.lost or count_images(out) != want:
             raise ApiError(NOT_PLACED)
-        return out
+        return out if pins.hold is None else HeldTokens(out, pins.hold)
 
     return tokens
 
@@ -259,10 +288,11 @@ def multimodal_prompt(engine: Any, prompt: Mapping[str, Any]) -> list[int]:
             f"number of media markers in the prompt ({len(pieces) - 1}) does not match "
             f"number of multimodal_data items ({len(data)})"
         )
-    tokens = list(engine.tokenize(pieces[0], add_special=True, parse_special=True))
+    hold = projector.hold()
+    tokens = HeldTokens(engine.tokenize(pieces[0], add_special=True, parse_special=True), hold)
     for item, piece in zip(data, pieces[1:], strict=True):
         try:
-            tokens += projector.image_tokens(_base64(item))
+            tokens += projector.image_tokens(_base64(item), hold=hold)
         except LocalfabError as exc:
             raise ApiError(str(exc)) from exc
         tokens += engine.tokenize(piece, add_special=False, parse_special=True)

@@ -8,6 +8,7 @@ from localfab.engine.grammar import limits as gl
 from localfab.engine.grammar.convert import builtin_grammars, json_schema_to_gbnf
 from localfab.engine.grammar.limits import GrammarLimitError, check_grammar, check_schema
 from localfab.engine.sampling import penalty_window
+from localfab.errors import UsageError
 from localfab.server.errors import ApiError
 from localfab.server.params import parse_generation
 from localfab.server.settings import ServerSettings
@@ -139,9 +140,58 @@ def test_nested_bound_names_its_property_path():
 
 def test_deep_schema_is_refused():
     schema: dict = {"type": "string"}
-    for _ in range(200):
+    for _ in range(gl.SCHEMA_MAX_DEPTH // 2 + 1):  # each object takes two levels
         schema = {"type": "object", "properties": {"a": schema}}
     assert "json_schema nesting depth" in refused(json_schema_to_gbnf, schema)
+    for _ in range(100_000):
+        schema = {"type": "array", "items": schema}
+    assert "json_schema nesting depth" in refused(json_schema_to_gbnf, schema)
+
+
+@pytest.mark.parametrize("levels", [60, 200])
+def test_deep_schemas_llama_server_takes_convert(levels):
+    """llama-server sets no depth of its own: objects nested 60 (or 200) deep become a
+    grammar here too."""
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    grammar = json_schema_to_gbnf(schema)
+    assert grammar.count("-kv ::=") >= levels  # a rule for each level's key
+    check_grammar(grammar)
+
+
+SHAPES = {
+    "object": (2, lambda s: {"type": "object", "properties": {"a": s}}),
+    "array": (1, lambda s: {"type": "array", "items": s}),
+    "anyOf": (2, lambda s: {"anyOf": [s, {"type": "null"}]}),
+    "allOf": (2, lambda s: {"allOf": [s]}),
+    "additional": (1, lambda s: {"type": "object", "additionalProperties": s}),
+    "tuple": (2, lambda s: {"type": "array", "prefixItems": [s]}),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_schemas_as_deep_as_allowed_convert_or_are_refused_in_one_line(shape):
+    """At the depth limit, on a thread as a server converts them, every shape of schema
+    becomes a grammar or a UsageError, never a RecursionError or a crash."""
+    import threading
+
+    levels, wrap = SHAPES[shape]
+    schema: dict = {"type": "string"}
+    for _ in range((gl.SCHEMA_MAX_DEPTH - 1) // levels):
+        schema = wrap(schema)
+    outcome: list[object] = []
+
+    def convert() -> None:
+        try:
+            outcome.append(json_schema_to_gbnf(schema))
+        except BaseException as exc:  # reported below, from the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=convert)
+    thread.start()
+    thread.join()
+    assert isinstance(outcome[0], str | UsageError), repr(outcome[0])
 
 
 def test_huge_enum_is_refused():

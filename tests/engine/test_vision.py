@@ -201,3 +201,68 @@ def test_parallel_slots_each_with_an_image(
         decoder.close()
     finally:
         engine.close()
+
+
+def distinct_images(count: int, seed: int = 0) -> list[bytes]:
+    """`count` small PNGs whose image ids differ (ids are a short hash: of a few hundred
+    random images, two may share theirs)."""
+    import hashlib
+
+    from localfab.engine.image_ids import run_ids
+
+    rng = np.random.default_rng(seed)
+    images: dict[int, bytes] = {}
+    while len(images) < count:
+        image = png(16, 16, rng.integers(0, 256, (16, 16, 3)))
+        images.setdefault(run_ids(hashlib.sha256(image).hexdigest(), 1)[0], image)
+    return list(images.values())
+
+
+def test_a_held_image_is_kept_until_let_go(seeing: Any) -> None:
+    """A request's images (its hold) stay prepared while other images come, more than are
+    kept for later turns; let go (or dropped), only those kept for later turns stay."""
+    import gc
+
+    from localfab.engine.vision import KEPT_IMAGES
+
+    projector = seeing.projector
+    n = KEPT_IMAGES + 8
+    images = distinct_images(3 * n, seed=7)
+    hold = projector.hold()
+    mine = [projector.image_tokens(i, hold=hold) for i in images[:n]]
+    for image in images[n : 2 * n]:  # other requests' images meanwhile
+        projector.image_tokens(image)
+    head = seeing.tokenize("<start_of_turn>user\n", add_special=True, parse_special=True)
+    tail = seeing.tokenize(
+        "Same?<end_of_turn>\n<start_of_turn>model\n", add_special=False, parse_special=True
+    )
+    tokens = [*head, *(t for image in mine for t in image), *tail]
+    encoded = projector.n_encoded
+    next_logits(seeing, tokens)  # every one of them is still there to encode
+    assert projector.n_encoded == encoded + len(mine)
+    assert projector.n_kept >= len(mine)
+    hold.release()
+    assert projector.n_kept == KEPT_IMAGES
+    dropped = projector.hold()
+    for image in images[2 * n :]:
+        projector.image_tokens(image, hold=dropped)
+    assert projector.n_kept == 2 * KEPT_IMAGES + 8
+    del dropped  # a request that failed before it ran: its images go too
+    gc.collect()
+    projector.image_tokens(BLUE)
+    assert projector.n_kept == KEPT_IMAGES
+
+
+def test_a_request_cannot_hold_more_images_than_its_context_takes(seeing: Any) -> None:
+    """What one request pins is bounded: images beyond what the whole context could hold
+    (and beyond those any request may keep) are refused with a line that says what to do."""
+    projector = seeing.projector
+    hold = projector.hold()
+    fits = projector.n_ctx // MMPROJ.IMAGE_TOKENS
+    images = distinct_images(fits + 1, seed=10)
+    for image in images[:fits]:
+        projector.image_tokens(image, hold=hold)
+    with pytest.raises(LocalfabError, match="more than the context's 1024 tokens: send fewer"):
+        projector.image_tokens(images[fits], hold=hold)
+    projector.image_tokens(images[0], hold=hold)  # one it holds already may come again
+    hold.release()

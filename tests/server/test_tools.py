@@ -259,3 +259,27 @@ def test_requests_llama_server_refuses_are_refused_alike(qwen: str, model_path: 
         r = post(server.url, tools=[WEATHER])
         assert r.status_code == 500
         assert r.json()["error"]["message"] == "tools param requires --jinja flag"
+
+
+def test_a_tool_whose_parameters_nest_60_deep(model_path: Path) -> None:
+    """llama-server takes a tool schema nested 60 deep (it sets no depth of its own): so does
+    this server, for the tool's arguments and for a reply format alike."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(60):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    deep = {"type": "function", "function": {"name": "deep", "parameters": schema}}
+    source = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    with serve_template(model_path, source) as url:  # the tool's description takes 1300 tokens
+        r = post(url, tools=[deep], tool_choice="required", max_tokens=24)
+        assert r.status_code == 200, r.text
+        # The grammar holds the call to its schema: the arguments open an object per level.
+        shown = r.json()["choices"][0]["message"]
+        written = shown.get("content") or "".join(
+            c["function"]["arguments"] for c in shown.get("tool_calls") or ()
+        )
+        assert written.replace(" ", "").startswith(('{"a":{"a":', '<tool_call>{"name":"deep"'))
+        fmt = {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}
+        r = post(url, response_format=fmt, max_tokens=12)
+        assert r.status_code == 200, r.text
+        content = r.json()["choices"][0]["message"]["content"]
+        assert content.replace(" ", "").startswith('{"a":{"a"')

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.engine.test_vision import BLUE, MMPROJ, NOISE
+from tests.engine.test_vision import BLUE, MMPROJ, NOISE, distinct_images
 from tests.serverproc import serve_in_process
 
 
@@ -33,13 +33,15 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def serve(model_path: Path, projector: Path, media: Path, slots: int) -> Iterator[Any]:
+def serve(
+    model_path: Path, projector: Path, media: Path, slots: int, **extra: Any
+) -> Iterator[Any]:
     from localfab.engine import EngineSettings
     from localfab.engine.vision import attach_projector
     from localfab.runtime import load_model
     from localfab.server import ServerSettings
 
-    engine = EngineSettings(n_ctx=2048, n_batch=512, n_seq_max=slots, kv_unified=slots > 1)
+    engine = EngineSettings(n_ctx=2048, n_batch=512, n_seq_max=slots, kv_unified=slots > 1, **extra)
     loaded = load_model(model_path, engine)
     attach_projector(loaded.engine, projector, use_gpu=False)
     settings = ServerSettings(n_parallel=slots, media_path=media, temperature=0.0)
@@ -54,17 +56,31 @@ def server(
     yield from serve(model_path, projector, media, request.param)
 
 
+@pytest.fixture(scope="module")
+def one_slot(model_path: Path, projector: Path, media: Path) -> Iterator[Any]:
+    """One slot, so that requests queue behind each other; one thread, as each image is a
+    decode of its own (threads that wait for each other on a busy machine make many slow)."""
+    yield from serve(model_path, projector, media, 1, n_threads=1)
+
+
 def data_url(image: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(image).decode()
 
 
-def ask(url: str, image_url: str, text: str = "What is in this picture?", **extra: Any) -> Any:
+def ask(
+    url: str,
+    image_url: str,
+    text: str = "What is in this picture?",
+    *,
+    timeout: float = 120,
+    **extra: Any,
+) -> Any:
     content = [
         {"type": "text", "text": text},
         {"type": "image_url", "image_url": {"url": image_url}},
     ]
     body = {"messages": [{"role": "user", "content": content}], "max_tokens": 6, **extra}
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=timeout)
 
 
 def test_a_chat_with_an_image_streamed_and_not(server: Any) -> None:
@@ -292,3 +308,87 @@ def test_serve_finds_the_projector_beside_the_model(model_path: Path, tmp_path: 
         with serve(model, "-c", "1024", *extra) as s:
             assert httpx.get(s.url + "/props").json()["modalities"]["vision"] is vision
             s.stop()
+
+
+def many_images(url: str, images: list[bytes]) -> httpx.Response:
+    content: list[dict[str, Any]] = [{"type": "text", "text": "Which differ?"}]
+    content += [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images]
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+
+
+def test_more_images_than_are_kept_in_one_request(one_slot: Any) -> None:
+    """A prompt's images stay prepared until it is evaluated, however many it holds: more
+    than the projector keeps for later turns (KEPT_IMAGES) are no 500."""
+    from localfab.engine.vision import KEPT_IMAGES
+
+    url, _ = one_slot
+    count = KEPT_IMAGES + 18
+    r = many_images(url, distinct_images(count, seed=50))
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > count * MMPROJ.IMAGE_TOKENS
+    count = KEPT_IMAGES + 2  # llama-server's prompt: held alike
+    images = distinct_images(count, seed=51)
+    prompt = {
+        "prompt_string": "<__media__>" * count + " Which differ?",
+        "multimodal_data": [base64.b64encode(i).decode() for i in images],
+    }
+    r = httpx.post(url + "/completion", json={"prompt": prompt, "n_predict": 2}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens_evaluated"] > count * MMPROJ.IMAGE_TOKENS
+
+
+def test_clients_whose_images_together_are_more_than_are_kept(one_slot: Any) -> None:
+    """Three clients with 20 images each at once (60 in flight, queued behind each other on
+    one slot): every one is answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, _ = one_slot
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(
+            pool.map(lambda k: many_images(url, distinct_images(20, seed=100 + k)), range(3))
+        )
+    for r in answers:
+        assert r.status_code == 200, r.text
+
+
+def test_a_pipe_in_the_media_folder_is_refused_at_once(server: Any, media: Path) -> None:
+    """A client's file:// URL naming a FIFO (no regular file) is a 400 at once: it does not
+    hold a thread waiting for a writer, so a dozen of them leave the server answering."""
+    import os
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, _ = server
+    pipe = media / "pipe.png"
+    os.mkfifo(pipe)
+    try:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda _: ask(url, "file://pipe.png", timeout=20), range(16)))
+        for r in answers:
+            assert r.status_code == 400, r.text
+            assert "not a regular file" in r.json()["error"]["message"]
+        assert time.monotonic() - t0 < 20
+        assert ask(url, "file://blue.png", timeout=20).status_code == 200
+    finally:
+        _release_readers(pipe)
+        pipe.unlink()
+
+
+def _release_readers(pipe: Path) -> None:
+    """Open the FIFO for writing while readers wait on it (a server that blocks on it
+    would keep its threads otherwise), until none has come for a while."""
+    import errno
+    import os
+    import time
+
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < 2:
+        try:
+            os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+            quiet_since = time.monotonic()
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no reader waits
+                raise
+            time.sleep(0.05)

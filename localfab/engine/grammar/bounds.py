@@ -40,7 +40,12 @@ GRAMMAR_MAX_CLASS = 128
 GRAMMAR_MAX_CLASS_TOTAL = 2048
 
 SCHEMA_MAX_NODES = 20_000  # objects and arrays in the schema document
-SCHEMA_MAX_DEPTH = 64  # nested objects/arrays in the schema document
+# Nested objects/arrays in the schema document (an object's properties take two: the property's
+# schema and `properties`). llama-server sets none: its converter recurses until the stack ends.
+# The converter here is Python's, which stops near 1000 frames; at 512 every shape of schema
+# still converts or is refused in one line (deeper objects and arrays make grammars past
+# GRAMMAR_MAX_BYTES anyway: a rule's name grows with its path).
+SCHEMA_MAX_DEPTH = 512
 SCHEMA_MAX_REPETITION = 1000  # minLength/maxLength/minItems/maxItems/min-maxProperties
 SCHEMA_MAX_ENUM = 1000  # values across all `enum`s (OpenAI's own limit): each is an alternative
 SCHEMA_MAX_PATTERN = 2000  # characters in one `pattern`
