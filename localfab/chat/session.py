@@ -226,7 +226,9 @@ class ChatSession(ReplyStreaming):
         self.prompts.variables["tools"] = [dict(t) for t in request.tools]
         if request.choice != "none":
             thinking = template_thinking(template, "")
-            self.tool_plan = plan_tools(request, template, thinking.end if thinking else "")
+            # Small models' bare JSON calls are calls here (the app shows and asks about them).
+            end = thinking.end if thinking else ""
+            self.tool_plan = plan_tools(request, template, end, lenient=True)
 
     def add_tool_result(self, call: ToolCallMade, text: str, *, kind: str = "result") -> None:
         """The outcome of one of the last reply's calls, as a `tool` message the next reply

@@ -7,7 +7,7 @@ schemas (see `toolsyntax` for how a template's call syntax is found).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -15,6 +15,7 @@ from localfab.chat.templates import ChatTemplate
 from localfab.chat.toolsyntax import GENERIC, GENERIC_PROMPT, shows_tools, tool_syntax
 from localfab.engine.callsyntax import MAX_NAME
 from localfab.engine.grammar.tools import tool_call_grammar, trigger_patterns
+from localfab.engine.loosecalls import LooseCalls
 from localfab.engine.toolcalls import ToolCalling
 from localfab.errors import UsageError
 
@@ -132,10 +133,13 @@ class ToolPlan:
         return replace(options, sampling=sampling, tools=self.calling)
 
 
-def plan_tools(request: ToolRequest, template: ChatTemplate, thinking_end: str = "") -> ToolPlan:
+def plan_tools(
+    request: ToolRequest, template: ChatTemplate, thinking_end: str = "", *, lenient: bool = False
+) -> ToolPlan:
     """The parser and grammar for `request` on `template`. `thinking_end`: the closing tag of
     a reasoning block the reply starts in or may open; with `required` the grammar then waits
-    until it (the reply thinks first)."""
+    until it (the reply thinks first). `lenient`: a reply that is only a bare JSON call of an
+    offered tool is a call too (`engine.loosecalls`), as small models write them."""
     syntax = tool_syntax(template)
     generic = syntax is None
     syntax = syntax or GENERIC
@@ -147,6 +151,9 @@ def plan_tools(request: ToolRequest, template: ChatTemplate, thinking_end: str =
         tuple((name, _value_types(schema)) for name, schema in functions),
         parallel=parallel,
         grammar_in_reasoning=request.choice == "required" and bool(thinking_end),
+        loose=LooseCalls.of(functions, name_key=syntax.name_key, args_key=syntax.args_key)
+        if lenient
+        else None,
     )
     if request.choice == "none" or not syntax.trigger and request.choice == "auto":
         return ToolPlan(calling, None, (), generic)
@@ -209,3 +216,25 @@ def tool_caps(template: ChatTemplate) -> dict[str, Any]:
         "tool_call_format": "generic" if syntax is None else "template",
         "tool_call_trigger": (syntax or GENERIC).trigger,
     }
+
+
+def tools_tokens(
+    tools: Sequence[Mapping[str, Any]], tokenize: Callable[[str], list[int]], room: int
+) -> tuple[int, bool]:
+    """About how many tokens `tools` take as a template shows them (their JSON), measured
+    cheaply against `room`: (tokens, whether that is the exact count). A text of no more
+    bytes than `room` fits (a token is at least a byte) and is not tokenized; the start of a
+    long one is tokenized first, and where that alone is more than `room` the whole is only
+    estimated from it; else the whole is tokenized once. A few calls in all, however many
+    tools (each could be a request to a remote server's tokenizer)."""
+    text = json.dumps(list(tools), ensure_ascii=False)
+    size = len(text.encode())
+    if size <= room:
+        return size, False
+    head = text[: max(room, 1) * 16]  # a token of more than 16 characters is rare in JSON
+    tokens = len(tokenize(head))
+    if len(head) == len(text):
+        return tokens, True
+    if tokens > room:
+        return tokens * len(text) // len(head), False
+    return len(tokenize(text)), True

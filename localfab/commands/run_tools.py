@@ -4,6 +4,8 @@ The tools go to the model's chat template (where it knows none, they are describ
 prompt, as the server does), the reply's calls are parsed from the model's own syntax and held
 to the tools' schemas by a grammar (`--tool-choice`), and each call is printed after the reply's
 text as one JSON line, `{"name": ..., "arguments": {...}}` (or in `tool_calls` with `--json`).
+A reply that is only a bare JSON call of an offered tool (as small models write them, without
+their template's markers) is a call too (`engine.loosecalls`).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def use_tools(
     if request.choice == "none":
         return system, options, 0
     thinking = template_thinking(template, "")
-    plan = plan_tools(request, template, thinking.end if thinking else "")
+    plan = plan_tools(request, template, thinking.end if thinking else "", lenient=True)
     return system, plan.onto(options), 0
 
 

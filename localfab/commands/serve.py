@@ -26,6 +26,7 @@ from localfab.commands.serve_flags import (
     refused_options,
     slot_folder,
     template_kwargs,
+    tool_call_option,
 )
 from localfab.commands.serve_router import router_options, serve_router
 from localfab.commands.serve_vision import finish_load, media_folder, plan_vision, vision_options
@@ -152,6 +153,7 @@ DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB
     help="Requests may carry tools: the chat template renders them and the reply's calls "
     "come back as tool_calls (--no-jinja refuses them, as llama-server).",
 )
+@tool_call_option
 @click.option(
     "--chat-template-kwargs",
     default=None,
@@ -388,6 +390,7 @@ def server_settings(
         reasoning_preserve=options["reasoning_preserve"],
         chat_template_kwargs=template_kwargs(options["chat_template_kwargs"]),
         jinja=options["jinja"],
+        tool_call_lenient=options.get("tool_call_lenient", False),
         read_timeout=options["timeout"],
         header_timeout=options["header_timeout"],
         max_connections=options["max_connections"],

@@ -54,6 +54,19 @@ def llama_server_options(f: F) -> F:
     return f
 
 
+def tool_call_option(f: F) -> F:
+    """--tool-call-lenient: small models' bare JSON calls come back as tool_calls."""
+    return click.option(
+        "--tool-call-lenient",
+        "tool_call_lenient",
+        is_flag=True,
+        help="A reply that is only a JSON tool call without its template's markers (bare, in a "
+        "```json block, or left one bracket short), naming an offered tool with arguments that "
+        "fit its schema, comes back as tool_calls, as small models write calls (default: "
+        "content, as llama-server).",
+    )(f)
+
+
 # llama-server flags that do not apply here, each refused with the reason (never ignored).
 # (flags, takes a value, why)
 REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (

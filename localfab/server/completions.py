@@ -222,7 +222,9 @@ def with_tools(
         return gen
     thinking = reasoning.thinking if reasoning.splits() else None
     try:
-        plan = plan_tools(tools, server.model.prompts.template, thinking.end if thinking else "")
+        end = thinking.end if thinking else ""
+        lenient = server.settings.tool_call_lenient
+        plan = plan_tools(tools, server.model.prompts.template, end, lenient=lenient)
     except UsageError as exc:
         raise api_error(exc) from exc
     return plan.onto(gen)

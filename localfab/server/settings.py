@@ -53,6 +53,10 @@ class ServerSettings:
     # --jinja / --no-jinja: requests may carry tools (rendered by the chat template, the
     # reply's calls parsed); llama-server's default is on.
     jinja: bool = True
+    # --tool-call-lenient: a reply that is only a bare JSON call of an offered tool (no markers,
+    # or in a ```json block, maybe left unclosed), as small models write them, comes back as
+    # tool_calls; llama-server leaves such a reply as content, and so does the default.
+    tool_call_lenient: bool = False
     # --reasoning-budget (tokens of thought before the block is closed; -1: no limit),
     # --reasoning-budget-message (written before the closing tag then), --reasoning-effort
     # (the template's reasoning_effort variable; "default": the template's own).
