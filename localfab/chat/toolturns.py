@@ -142,14 +142,58 @@ _ZWSP = "\u200b"
 
 def defang(value: Any, holds_control_text: Callable[[str], bool]) -> Any:
     """`value` (tool definitions: JSON) with every string that the tokenizer would read as a
-    control token made plain text: a server's tool description cannot end a turn or open one."""
+    control token made plain text: a server's tool description cannot end a turn or open one.
+
+    The strings are checked together, halving only a group that holds control text: a few
+    tokenizations for thousands of clean strings (each is a request to a remote server's
+    tokenizer), not two per string."""
+    dirty = _holding(list(dict.fromkeys(_texts(value))), holds_control_text)
+    return _broken(value, dirty, holds_control_text) if dirty else value
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string in `value`, keys too (walked without recursion)."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return out
+
+
+def _holding(texts: list[str], holds_control_text: Callable[[str], bool]) -> set[str]:
+    """Those of `texts` that hold a control token's text. Joined by newlines, a group holds
+    one if any of its texts does (a control token spanning two texts would only be a false
+    alarm, sorted out by the halves)."""
+    out: set[str] = set()
+    groups = [texts] if texts else []
+    while groups:
+        group = groups.pop()
+        if not holds_control_text("\n".join(group)):
+            continue
+        if len(group) == 1:
+            out.add(group[0])
+        else:
+            half = len(group) // 2
+            groups += [group[:half], group[half:]]
+    return out
+
+
+def _broken(value: Any, dirty: set[str], holds_control_text: Callable[[str], bool]) -> Any:
     if isinstance(value, dict):
         return {
-            defang(k, holds_control_text): defang(v, holds_control_text) for k, v in value.items()
+            _broken(k, dirty, holds_control_text): _broken(v, dirty, holds_control_text)
+            for k, v in value.items()
         }
     if isinstance(value, list | tuple):
-        return type(value)(defang(v, holds_control_text) for v in value)
-    if not isinstance(value, str) or not holds_control_text(value):
+        return type(value)(_broken(v, dirty, holds_control_text) for v in value)
+    if not isinstance(value, str) or value not in dirty:
         return value
     broken = "".join(c + _ZWSP if c in _BREAK_AFTER else c for c in value)
     if holds_control_text(broken):

@@ -117,29 +117,45 @@ def import_servers(file: Path) -> None:
     """Add the servers of FILE (Claude Desktop's, LM Studio's or Cursor's mcpServers JSON, or
     VS Code's servers) to config.toml as [mcp.servers.NAME] tables."""
     from localfab.config import append_to_config
-    from localfab.mcp.config import configured_servers, read_mcp_json, server_toml
+    from localfab.mcp.config import configured_servers, import_notes, read_mcp_file, server_toml
 
     config, paths = _context()
-    new = read_mcp_json(file)
+    new, twice = read_mcp_file(file)
     have = {s.name for s in configured_servers(config, paths)}
     taken = sorted(s.name for s in new if s.name in have)
+    # Nothing is imported from a file that is ambiguous or clashes: which server a name
+    # means is the person's to say, one line for each clash.
+    problems = [
+        f"{file} names MCP server {name!r} more than once (JSON keeps the last): rename or "
+        "remove the others"
+        for name in twice
+    ]
     if taken:
-        raise UsageError(
+        problems.append(
             f"{paths.config_file} already has MCP server(s) {', '.join(taken)}: rename or "
             "remove them there first"
         )
+    for line in problems:
+        click.echo(visible_controls(line), err=True)
+    if problems:
+        raise UsageError(f"nothing imported from {file}: its server names clash (said above)")
     if not new:
         click.echo(f"{file}: no servers in it")
         return
     append_to_config(paths, "\n".join(server_toml(s) for s in new))
     click.echo(
-        f"Added {len(new)} server(s) to {paths.config_file}: " + ", ".join(s.name for s in new)
-    )
-    if any(s.env or s.headers for s in new):
-        click.echo(
-            "Their env and headers were copied as written; a value written as "
-            "${VAR} is read from the environment when the server starts."
+        visible_controls(
+            f"Added {len(new)} server(s) to {paths.config_file}: " + ", ".join(s.name for s in new)
         )
+    )
+    notes = import_notes(new)
+    if notes:
+        click.echo(
+            "Environment variables these servers read when they start (check that you "
+            "trust who gets them):"
+        )
+        for line in notes:
+            click.echo(visible_controls(f"  {line}"))
 
 
 @mcp.command("revoke")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,11 @@ from localfab.errors import UsageError
 DEFAULT_CALL_TIMEOUT = 60.0
 # Seconds a server may take to start and list its tools.
 DEFAULT_START_TIMEOUT = 30.0
+
+# The largest mcpServers JSON file read, and the most servers one may hold: such files are written
+# by hand or by an app, a few kB with a handful of servers; a bigger one is not such a file.
+MAX_FILE_BYTES = 1 << 20
+MAX_SERVERS = 256
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 _VAR = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -169,19 +175,59 @@ def _timeout(raw: dict[str, Any], here: str) -> float:
 
 def read_mcp_json(path: Path) -> tuple[ServerConfig, ...]:
     """Servers from a JSON file as Claude Desktop, LM Studio, Cursor (`mcpServers`) or VS Code
-    (`servers`) write it."""
+    (`servers`) write it (a name given twice: the last, as JSON readers take it)."""
+    return read_mcp_file(path)[0]
+
+
+def read_mcp_file(path: Path) -> tuple[tuple[ServerConfig, ...], list[str]]:
+    """`read_mcp_json`'s servers, and the names the file gives more than once (JSON keeps the
+    last of each, silently: an import says so)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except OSError as exc:
+        raise UsageError(f"{path} is not a readable JSON file ({exc})") from exc
+    if len(raw) > MAX_FILE_BYTES:
+        raise UsageError(
+            f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB: not an mcpServers file "
+            "(those are a few kB)"
+        )
+    try:
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_Table.of)
+    except RecursionError:
+        raise UsageError(f"{path} is not a readable JSON file (it is nested too deep)") from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{path} is not a readable JSON file ({exc})") from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a JSON object with mcpServers")
     servers = data.get("mcpServers", data.get("servers"))
     if servers is None:
         raise UsageError(f"{path}: no `mcpServers` (or VS Code's `servers`) object in it")
-    return parse_servers(servers, where=str(path))
+    if isinstance(servers, dict) and len(servers) > MAX_SERVERS:
+        raise UsageError(
+            f"{path} names {len(servers):,} MCP servers, more than {MAX_SERVERS}: split it, "
+            "or keep the servers you use"
+        )
+    twice = list(servers.twice) if isinstance(servers, _Table) else []
+    return parse_servers(dict(servers), where=str(path)), twice
+
+
+class _Table(dict[str, Any]):
+    """A JSON object that remembers the keys it was given more than once."""
+
+    twice: list[str]
+
+    @classmethod
+    def of(cls, pairs: list[tuple[str, Any]]) -> _Table:
+        table = cls()
+        table.twice = []
+        for key, value in pairs:
+            if key in table and key not in table.twice:
+                table.twice.append(key)
+            table[key] = value
+        return table
 
 
 def servers_from_config(table: Mapping[str, Any], *, where: str) -> tuple[ServerConfig, ...]:
@@ -211,10 +257,53 @@ def configured_servers(config: Config, paths: Paths) -> tuple[ServerConfig, ...]
 
 
 def toml_string(value: str) -> str:
-    """`value` as a TOML basic string."""
+    """`value` as a TOML basic string; control and format characters (C0, DEL, C1, bidi
+    overrides) escaped, so config.toml holds nothing a terminal acts on when it is shown."""
     out = value.replace("\\", "\\\\").replace('"', '\\"')
-    out = "".join(c if c >= " " and c != "\x7f" else f"\\u{ord(c):04x}" for c in out)
+    out = "".join(_toml_char(c) for c in out)
     return f'"{out}"'
+
+
+def _toml_char(c: str) -> str:
+    if " " <= c < "\x7f":
+        return c
+    kind = unicodedata.category(c)
+    if kind == "Cs":  # a lone surrogate (JSON allows "\\ud800"): no TOML file can hold one
+        raise UsageError(f"a value holds a lone surrogate (U+{ord(c):04X}): fix the file")
+    if kind in ("Cc", "Cf"):
+        return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+    return c
+
+
+def import_notes(servers: tuple[ServerConfig, ...]) -> list[str]:
+    """One line per server whose env or headers read environment variables: which ones, and
+    who gets their values (an http server's host, a stdio server's command)."""
+    lines = []
+    for server in servers:
+        names = [
+            match.group(1)
+            for _, value in (server.headers if server.url else server.env)
+            for match in _VAR.finditer(value)
+        ]
+        if not names:
+            continue
+        named = ", ".join(dict.fromkeys(names))
+        if server.url:
+            whom = f"will be sent to {_host(server.url)}"
+        else:
+            whom = f"will be given to the program {server.command}"
+        lines.append(f"{server.name}: {named} {whom}")
+    return lines
+
+
+def _host(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        host = None
+    return host or url
 
 
 def server_toml(server: ServerConfig) -> str:

@@ -16,10 +16,12 @@ import asyncio
 import concurrent.futures
 import hashlib
 import json
+import logging
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
@@ -96,6 +98,8 @@ class ServerState:
     stop: asyncio.Event | None = None
     task: asyncio.Task[None] | None = None  # the task holding the connection
     done: threading.Event = field(default_factory=lambda: _set(threading.Event()))  # ended
+    unreadable: str = ""  # why a message from the server could not be read while starting
+    relisting: asyncio.Task[None] | None = None  # its tools listed again (they changed)
 
 
 def split_name(qualified: str) -> tuple[str, str]:
@@ -120,6 +124,7 @@ class ToolServers:
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
+                _route_sdk_log(self)
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="mcp", daemon=True)
                 thread.start()
@@ -184,29 +189,102 @@ class ToolServers:
 
     async def _hold(self, state: ServerState) -> None:
         """Open the server's connection, list its tools, and hold it until told to stop."""
-        from localfab.mcp.connect import connect, list_all_tools
+        from localfab.mcp.connect import connect, list_all_tools, watch_tool_changes
 
         state.stop = asyncio.Event()
         state.task = asyncio.current_task()
+        state.unreadable = ""
         try:
-            async with connect(state.config, self._errlog()) as client:
-                listed = await list_all_tools(client)
-                only = state.config.tools
-                state.tools = tuple(
-                    ToolInfo(state.config.name, *t) for t in listed if not only or t[0] in only
-                )
+            async with connect(state.config, self._errlog(), self._on_message(state)) as client:
+                self._take_tools(state, await list_all_tools(client))
                 state.extras = await _extras(state.config.name, client)
                 state.client, state.status = client, "ready"
                 state.ready.set()
-                await state.stop.wait()
+                changed = partial(self._tools_changed, state)
+                watch = asyncio.get_running_loop().create_task(watch_tool_changes(client, changed))
+                try:
+                    await state.stop.wait()
+                finally:
+                    watch.cancel()
             if state.status != "failed":  # a crash seen by a call stays failed
                 state.status = "stopped"
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not state.unreadable or task is None:
+                raise
+            task.uncancel()
+            # The server sent what cannot be read while it started: its listing would
+            # never come, so the start ends at once, said in one line.
+            state.status, state.error = "failed", state.unreadable
         except Exception as exc:  # noqa: BLE001 - any failure is the server's state, shown
             state.status, state.error = "failed", describe(exc)
         finally:
             state.client = None
+            if state.relisting is not None:
+                state.relisting.cancel()
             state.ready.set()
             state.done.set()
+
+    @staticmethod
+    def _take_tools(state: ServerState, listed: list[tuple[str, str, dict[str, Any]]]) -> None:
+        only = state.config.tools
+        state.tools = tuple(
+            ToolInfo(state.config.name, *t) for t in listed if not only or t[0] in only
+        )
+
+    def _on_message(self, state: ServerState) -> Callable[[Any], Awaitable[None]]:
+        """What the server's connection hands on: a changed tool list is listed again (an
+        approval holds for a tool's definition: a changed one is asked about again); a
+        message that cannot be read ends a start that would wait for it."""
+        from localfab.mcp.connect import TOOLS_CHANGED
+
+        async def on_message(message: Any) -> None:
+            if getattr(message, "method", None) == TOOLS_CHANGED:
+                self._tools_changed(state)
+            elif isinstance(message, Exception) and state.status == "starting":
+                state.unreadable = f"it sent a message that could not be read ({describe(message)})"
+                if state.task is not None:
+                    state.task.cancel()
+
+        return on_message
+
+    def _tools_changed(self, state: ServerState) -> None:
+        """On the loop: the server says its tools changed; they are listed again."""
+        if state.status == "ready" and state.relisting is None:
+            state.relisting = asyncio.get_running_loop().create_task(self._relist(state))
+
+    async def _relist(self, state: ServerState) -> None:
+        from localfab.mcp.connect import list_all_tools
+
+        try:
+            client = state.client
+            if client is not None:
+                async with asyncio.timeout(state.config.timeout):
+                    self._take_tools(state, await list_all_tools(client))
+        except Exception as exc:  # noqa: BLE001 - its tools are then none: nothing is allowed
+            state.tools, state.error = (), f"its tools could not be listed again: {describe(exc)}"
+        finally:
+            state.relisting = None
+
+    def refresh(self, name: str, *, timeout: float = 10.0) -> tuple[ToolInfo, ...]:
+        """A running server's tools listed again now (what a call would meet), for checking
+        an approval against the definition the server gives today; () when it cannot say."""
+        state = self.state(name)
+        if state.status != "ready" or state.client is None:
+            return ()
+
+        async def relist() -> None:
+            if state.relisting is not None:
+                await asyncio.shield(state.relisting)
+            else:
+                state.relisting = asyncio.current_task()
+                await self._relist(state)
+
+        try:
+            self._submit(relist()).result(timeout)
+        except Exception:  # noqa: BLE001 - a server that cannot list its tools allows nothing
+            return ()
+        return state.tools
 
     def stop(self, name: str, *, wait: float = 5.0) -> None:
         """Stop a server (its process and children end) and wait up to `wait` seconds."""
@@ -325,6 +403,34 @@ class ToolServers:
         return outcome(content, structured, is_error, max_chars)
 
 
+class _SdkLog(logging.Handler):
+    """The SDK's log records, one line each (no traceback), into the servers' log file; none
+    where there is no file (a command prints each failure in a line of its own, and the app's
+    screen must not be written over)."""
+
+    def __init__(self, servers: ToolServers) -> None:
+        super().__init__(logging.WARNING)
+        self.servers = servers
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.servers._log_file is None:
+            return
+        try:
+            line = record.getMessage().splitlines()[0] if record.getMessage() else ""
+            self.servers._errlog().write(f"mcp: {record.levelname}: {line}\n")
+        except Exception:  # noqa: BLE001 - a log line is never worth a failure
+            self.handleError(record)
+
+
+def _route_sdk_log(servers: ToolServers) -> None:
+    """The `mcp` loggers' records go to `servers`' log file (the newest servers' only)."""
+    sdk = logging.getLogger("mcp")
+    sdk.propagate = False
+    for handler in [h for h in sdk.handlers if isinstance(h, _SdkLog)]:
+        sdk.removeHandler(handler)
+    sdk.addHandler(_SdkLog(servers))
+
+
 def _set(event: threading.Event) -> threading.Event:
     event.set()
     return event
@@ -353,4 +459,6 @@ def describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if isinstance(exc, FileNotFoundError):
         return f"its command was not found ({exc.filename or text})"
+    if type(exc).__name__ == "SchemaTooDeep":  # ours, said as it is (connect is imported late)
+        return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -42,9 +42,16 @@ class ToolUse:
     approvals: Approvals | None
     max_tool_rounds: int
     tools_problem: str
-    options: Any  # LocalBackend's ChatOptions (tool_choice)
+    options: Any  # LocalBackend's ChatOptions (tool_choice, reply_reserve)
     engine_thread: EngineThread
     _tool_request: ToolRequest | None
+    _loaded: Any  # LocalBackend's loaded model (None: none yet)
+    # The servers this chat uses, the tools each had when they were offered (a server whose
+    # list changed since is offered again), and why a server's tools were not offered.
+    # Each is replaced as a whole, never changed in place.
+    _servers_used: tuple[str, ...] = ()
+    _offered: dict[str, tuple[Any, ...]] = {}
+    _refused: dict[str, str] = {}
 
     # LocalBackend's own:
     def _chat(self) -> ChatSession:
@@ -65,7 +72,7 @@ class ToolUse:
                 s.config.name,
                 s.config.target,
                 s.status if s.config.enabled else "turned off",
-                s.error,
+                self._refused.get(s.config.name) or s.error,
                 tuple(t.name for t in s.tools),
                 s.config.name in in_use,
             )
@@ -82,34 +89,101 @@ class ToolUse:
 
     def use_servers(self, names: list[str]) -> list[ToolServerRow]:
         """Start the named servers and offer their tools to this chat (a server that fails
-        to start is left out, with its error in the rows)."""
-        from localfab.chat.tools import parse_tools
+        to start, or whose tools the window cannot hold, is left out, with why in its row)."""
         from localfab.mcp.servers import ToolServerError
 
-        definitions = []
         for name in names if self.servers is not None else []:
             try:
-                definitions += [t.definition() for t in self.servers.tools([name])]  # type: ignore[union-attr]
+                self.servers.tools([name])  # type: ignore[union-attr]
             except ToolServerError:
                 continue  # its row says why
+        self._servers_used = tuple(names)
+        self._offer_servers()
+        return self.tool_servers()
+
+    @on_engine
+    def _offer_servers(self) -> None:
+        """On the engine thread: the tool request of the servers in use, each server's tools
+        measured against the window first. Tools that cannot fit are refused at once, in one
+        line, rather than found out while every reply's prompt is built (5,000 tools from one
+        server would be thousands of tokenizations, each a request to a remote server)."""
+        from localfab.chat.fitting import reply_reserve_for
+        from localfab.chat.tools import parse_tools, tools_tokens
+        from localfab.errors import UsageError
+
+        engine = getattr(self._loaded, "engine", None) if self._loaded is not None else None
+        n_ctx = int(getattr(engine, "n_ctx", 0) or 0)
+        room = n_ctx - reply_reserve_for(n_ctx, self.options.reply_reserve)
+
+        def tokenize(text: str) -> list[int]:
+            assert engine is not None
+            return list(engine.tokenize(text, add_special=False, parse_special=True))
+
+        offered: dict[str, tuple[Any, ...]] = {}
+        refused: dict[str, str] = {}
+        definitions: list[dict[str, Any]] = []
+        used = 0
+        for name in self._servers_used if self.servers is not None else ():
+            state = self.servers.state(name)  # type: ignore[union-attr]
+            offered[name] = state.tools
+            found = [t.definition() for t in state.tools]
+            if not found:
+                continue
+            try:
+                parse_tools(found)
+            except UsageError as exc:
+                refused[name] = f"its tools cannot be offered: {exc}"
+                continue
+            if engine is not None:
+                tokens, exact = tools_tokens(found, tokenize, room - used)
+                if used + tokens > room:
+                    about = "" if exact else "~"
+                    refused[name] = (
+                        f"the {len(found):,} tools of {name} take {about}{tokens:,} tokens, "
+                        f"more than the {max(0, room - used):,} the window of {n_ctx:,} "
+                        f"has for them: turn some off with tools = [...] under "
+                        f"[mcp.servers.{name}] in config.toml, or use a larger context (-c)"
+                    )
+                    continue
+                used += tokens
+            definitions += found
+        self._offered, self._refused = offered, refused
         choice = self.options.tool_choice
         self._tool_request = parse_tools(definitions, choice) if definitions else None
-        return self.tool_servers()
 
     def tool_rounds(self) -> int:
         return self.max_tool_rounds
 
     def _offer_tools(self, chat: ChatSession, *, last_round: bool = False) -> None:
-        """On the engine thread: the chat's tools for its next reply (none in a last round)."""
+        """On the engine thread: the chat's tools for its next reply (none in a last round);
+        a server whose tool list changed since has its tools offered as they are now."""
+        if self._tool_request is not None and self._listed_again():
+            self._offer_servers()
         request = self._tool_request
         if request is not None and last_round:
             request = replace(request, choice="none")
         if chat.tools != request:
             chat.set_tools(request)
 
+    def _listed_again(self) -> bool:
+        """Whether a server in use has listed its tools again since they were offered."""
+        servers = self.servers
+        return servers is not None and any(
+            servers.state(name).tools is not tools for name, tools in self._offered.items()
+        )
+
     def always_allowed(self, name: str) -> bool:
-        tool = self._tool_info(name)
-        return tool is not None and self.approvals is not None and self.approvals.allows(tool)
+        """Whether the person always allows `name` as its server defines it now (its tools
+        are listed again: a changed definition is asked about again)."""
+        from localfab.mcp.servers import split_name
+
+        if self.servers is None or self.approvals is None:
+            return False
+        server, _ = split_name(name)
+        if server not in self.servers.names():
+            return False
+        tool = next((t for t in self.servers.refresh(server) if t.qualified == name), None)
+        return tool is not None and self.approvals.allows(tool)
 
     def allow_always(self, name: str) -> None:
         tool = self._tool_info(name)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 
 from localfab.mcp.config import ServerConfig
-from localfab.mcp.servers import ToolServerError, ToolServers, split_name
+from localfab.mcp.servers import ToolInfo, ToolServerError, ToolServers, split_name
 from tests.mcp.conftest import stdio_config
 
 pytestmark = pytest.mark.slow
@@ -190,3 +192,66 @@ def test_prompts_and_resources_are_listed_and_fetched(stdio_servers: ToolServers
     assert stdio_servers.fetch(today).endswith("buy milk")
     with pytest.raises(ToolServerError, match="could not give review"):
         stdio_servers.fetch(review, {})  # a required argument missing
+
+
+def test_a_server_that_exits_leaves_no_child_behind(tmp_path: Path, call_log: Path) -> None:
+    """The server starts a child and then exits (here: crashes mid-call); the SDK only ends
+    the process group while its leader lives, the servers end what is left of it."""
+    pid_file = tmp_path / "child.pid"
+    config = stdio_config(log=call_log)
+    config = replace(config, env=(*config.env, ("TOOLSERVER_CHILD", str(pid_file))))
+    servers = ToolServers((config,), log_file=tmp_path / "log")
+    try:
+        servers.start("box")
+        child = psutil.Process(int(pid_file.read_text()))
+        assert child.is_running() and child.name() == "sleep"
+        assert servers.call("box__crash", {}).kind == "crashed"
+        assert servers.state("box").done.wait(10)  # the connection has closed
+    finally:
+        servers.close()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the server's child outlived it"
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def changing_servers(tmp_path: Path) -> Iterator[ToolServers]:
+    """The test server with its `redefine` tool."""
+    config = stdio_config()
+    config = replace(config, env=(*config.env, ("TOOLSERVER_REDEFINE", "1")))
+    servers = ToolServers((config,), log_file=tmp_path / "mcp.log")
+    yield servers
+    servers.close()
+
+
+def test_a_changed_tool_list_is_listed_again(changing_servers: ToolServers) -> None:
+    """notifications/tools/list_changed: the servers list the tools again, so what the chat
+    offers and what an approval is checked against is the definition of today."""
+    stdio_servers = changing_servers
+    before = {t.name: t for t in stdio_servers.tools()}["add"]
+    assert stdio_servers.call("box__redefine", {}).text == "redefined"
+
+    def add_now() -> ToolInfo:
+        return {t.name: t for t in stdio_servers.state("box").tools}["add"]
+
+    deadline = time.monotonic() + 10
+    while add_now().digest == before.digest and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "evil.example" in add_now().description
+
+
+def test_a_silently_changed_tool_is_seen_on_refresh(changing_servers: ToolServers) -> None:
+    stdio_servers = changing_servers
+    before = {t.name: t for t in stdio_servers.tools()}["add"]
+    assert stdio_servers.call("box__redefine", {"notify": False}).text == "redefined"
+    assert {t.name: t for t in stdio_servers.state("box").tools}["add"] == before
+    after = {t.name: t for t in stdio_servers.refresh("box")}["add"]
+    assert "evil.example" in after.description and after.digest != before.digest

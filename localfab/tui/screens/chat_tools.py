@@ -106,6 +106,13 @@ class ToolActions(ChatHost):
     def action_tools(self) -> None:
         """Pick the MCP servers whose tools this chat offers the model."""
         tools = self._tools()
+        if self.backend is None:
+            self.notify(
+                "No model is loaded: tools are offered to a model. Start a chat with "
+                "`localfab chat MODEL`.",
+                severity="warning",
+            )
+            return
         if tools is None:
             self.notify("This model's backend cannot call tools.", severity="warning")
             return
@@ -154,11 +161,25 @@ class ToolActions(ChatHost):
         log = self.query_one("#chat-log", VerticalScroll)
         await log.mount_all(cards)
         self._tool_round = ToolRound(cards, number)
-        for n, card in enumerate(cards):
-            if n >= MAX_CALLS:
-                card.query_one("#reason", Input).value = f"at most {MAX_CALLS} calls per reply"
-                card.action_decide("deny")
-            elif tools.always_allowed(card.call.name):
+        for card in cards[MAX_CALLS:]:
+            card.query_one("#reason", Input).value = f"at most {MAX_CALLS} calls per reply"
+            card.action_decide("deny")
+        self._check_always(cards[:MAX_CALLS])
+
+    @work(thread=True, group="tool-approvals", exit_on_error=False)
+    def _check_always(self, cards: list[ToolCallCard]) -> None:
+        """The calls of tools the person always allows are decided so, off the event loop:
+        the server is asked for its tools' definitions as they are now (an approval holds
+        for the definition it was given to)."""
+        tools = self._tools()
+        assert tools is not None
+        allowed = [card for card in cards if tools.always_allowed(card.call.name)]
+        if allowed:
+            self.app.call_from_thread(self._allow_cards, allowed)
+
+    def _allow_cards(self, cards: list[ToolCallCard]) -> None:
+        for card in cards:
+            if card.choice is None:  # the person may have answered meanwhile
                 card.action_decide("always")
 
     def tools_after_reply(self) -> None:
@@ -219,6 +240,11 @@ class ToolActions(ChatHost):
             self._tool_round = None
         tools = self._tools()
         if tools is None:
+            return
+        if current.cancel.is_set():
+            # Esc stopped the calls: the turn ends with their results stored, and the model
+            # is not asked for more calls the person did not want.
+            self.notify("The turn ends here: send a message to go on.", title="Tools")
             return
         last = current.number >= tools.tool_rounds()
         if last:
