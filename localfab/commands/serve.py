@@ -54,9 +54,8 @@ FA_CHOICES = click.Choice(["auto", "on", "off"])
 
 log = logging.getLogger("localfab.server")
 
-# -np -1 (llama-server's "auto", the default): this many slots sharing one KV pool, the context
-# the plan sized for one slot (a unified pool holds -c cells for all), so no more memory than
-# one slot; a side request (a title, a completion) runs beside a reply instead of after it.
+# -np -1 (llama-server's "auto", the default): this many slots sharing one KV pool of the plan's
+# -c (no more memory than one slot); a side request (a title) runs beside a reply, not after it.
 AUTO_SLOTS = 4
 # llama-server's default --cache-ram, in MiB.
 DEFAULT_CACHE_RAM_MIB = DEFAULT_LIMIT // MiB

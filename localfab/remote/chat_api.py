@@ -285,30 +285,45 @@ class ChatApiEngine(ServerSideCache):
             texts.append(shown)
             thought.append("")
             yield TokenEvent(ord(shown[-1]), shown, None, (("content", shown),))
-        now = time.perf_counter()
-        text = "".join(texts)
-        reason, stop_type = FINISH.get(finish, ("length", "limit"))
-        if cancel.is_set():
-            reason, stop_type = "cancelled", "cancel"
-        n_out = int(usage.get("completion_tokens") or 0) or max(1, len(text) // CHARS_PER_TOKEN)
-        first = first or now
-        timings = Timings(
-            prompt_n=int(usage.get("prompt_tokens") or 0),
-            prompt_ms=(first - started) * 1e3,
-            predicted_n=n_out,
-            predicted_ms=(now - first) * 1e3,
-            ttft_ms=(first - started) * 1e3,
-        )
-        yield Done(
-            text=text,
-            finish_reason=reason,
-            stop_type=stop_type,
-            tokens=tuple(ord(c) for c in text),
-            timings=timings,
-            prompt_tokens=n_prompt,
-            reasoning="".join(thought) if any(thought) else None,
-            content=text,
-        )
+        yield _done(texts, thought, finish, cancel.is_set(), usage, (started, first), n_prompt)
+
+
+def _done(
+    texts: list[str],
+    thought: list[str],
+    finish: str,
+    cancelled: bool,
+    usage: dict[str, Any],
+    times: tuple[float, float],
+    n_prompt: int,
+) -> Done:
+    """The reply's Done: its text and thought, why it ended (the server's `finish` reason,
+    unless it was cancelled) and its timings from `times` (sent, first text; 0: none came)."""
+    now = time.perf_counter()
+    started, first = times
+    text = "".join(texts)
+    reason, stop_type = FINISH.get(finish, ("length", "limit"))
+    if cancelled:
+        reason, stop_type = "cancelled", "cancel"
+    n_out = int(usage.get("completion_tokens") or 0) or max(1, len(text) // CHARS_PER_TOKEN)
+    first = first or now
+    timings = Timings(
+        prompt_n=int(usage.get("prompt_tokens") or 0),
+        prompt_ms=(first - started) * 1e3,
+        predicted_n=n_out,
+        predicted_ms=(now - first) * 1e3,
+        ttft_ms=(first - started) * 1e3,
+    )
+    return Done(
+        text=text,
+        finish_reason=reason,
+        stop_type=stop_type,
+        tokens=tuple(ord(c) for c in text),
+        timings=timings,
+        prompt_tokens=n_prompt,
+        reasoning="".join(thought) if any(thought) else None,
+        content=text,
+    )
 
 
 def _gather_calls(delta: dict[str, Any], calls: dict[int, dict[str, str]]) -> int:
