@@ -69,6 +69,14 @@ BY_DESIGN = {
         "reply as truncated and lets the others finish (llama-server fails all of them)",
 }  # fmt: skip
 
+# Tests whose outcome follows the text sampled at a fixed seed, which differs with the CPU's
+# kernels (AVX2 against AVX-512): on an AVX2 EPYC the test model ends "Once" with its end-of-text
+# token after 201 tokens, with llama-server of the same build as with localfab, so the reply stops
+# before the context is full. A failure of one of these is reported, not counted a regression.
+SAMPLED = {
+    "unit/test_ctx_shift.py::test_ctx_shift_disabled_stream": "a reply that must fill the context",
+}
+
 # The CI selection: files whose tests are quick on the test model (~15 minutes with localfab).
 CI_FILES = (
     "test_basic.py",
@@ -327,10 +335,14 @@ def check(ours: dict[str, str]) -> int:
     expected = [line.strip() for line in EXPECTED.read_text().splitlines()]
     expected = [line for line in expected if line and not line.startswith("#")]
     # A skip is the machine's (no IPv6 loopback, say), not a regression.
-    regressed = [name for name in expected if ours.get(name) not in ("passed", "skipped")]
+    failed = [name for name in expected if ours.get(name) not in ("passed", "skipped")]
+    for name in failed:
+        if name in SAMPLED:
+            print(f"failed, not counted (its outcome follows the CPU's sampling): {name}")
+    regressed = [name for name in failed if name not in SAMPLED]
     for name in regressed:
         print(f"REGRESSED: {name} ({ours.get(name, 'not run')})")
-    print(f"{len(expected) - len(regressed)} of {len(expected)} expected passes hold")
+    print(f"{len(expected) - len(failed)} of {len(expected)} expected passes hold")
     return 1 if regressed else 0
 
 
