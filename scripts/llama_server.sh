@@ -9,6 +9,18 @@ cd "$(dirname "$0")/.."
 version=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | cut -d= -f3)
 root=.cache/llama.cpp
 bin="$root/build/bin/llama-server"
+# A build of this version that another checkout on this machine made (a fresh clone, as CI's) is
+# used where it is, through a link, when it runs; else it is built here as below.
+shared=${LOCALFAB_LLAMA_CPP_SHARED:-$HOME/.cache/localfab-dev/llama.cpp-$version}
+if [ ! -e "$root" ] && [ -x "$shared/build/bin/llama-server" ] &&
+    "$shared/build/bin/llama-server" --version >/dev/null 2>&1; then
+    mkdir -p .cache && ln -s "$shared" "$root"
+fi
+publish() {  # offer this checkout's build to the others (never replacing one that is there)
+    if [ ! -L "$root" ] && [ ! -e "$shared" ] && mkdir -p "$(dirname "$shared")" 2>/dev/null; then
+        ln -s "$PWD/$root" "$shared" 2>/dev/null || true
+    fi
+}
 mkdir -p "$root"
 # The source (kept: scripts/conformance.py runs the server tests it carries).
 if [ "$(cat "$root/src/.version" 2>/dev/null)" != "$version" ]; then
@@ -21,6 +33,7 @@ if [ "$(cat "$root/src/.version" 2>/dev/null)" != "$version" ]; then
     echo "$version" >"$root/src/.version"
 fi
 if [ -x "$bin" ] && [ "$(cat "$root/version" 2>/dev/null)" = "$version" ]; then
+    publish
     echo "$PWD/$bin"
     exit 0
 fi
@@ -34,4 +47,5 @@ cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -DLLAMA_CURL=OFF -DLLAMA_
     -DCMAKE_BUILD_TYPE=Release >&2
 cmake --build "$root/build" --target llama-server llama-bench -j "$(nproc)" >&2
 echo "$version" >"$root/version"
+publish
 echo "$PWD/$bin"
