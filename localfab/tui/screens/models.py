@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static, TabbedContent, TabPane
@@ -22,7 +21,8 @@ from textual.widgets import DataTable, Footer, Input, Label, Static, TabbedConte
 from localfab.errors import LocalfabError
 from localfab.tui.downloads import PullJob
 from localfab.tui.models import ListsRemotes, ModelActions, ModelRow, ModelSource
-from localfab.tui.plain import escaped, palette_name, plain, plain_cell
+from localfab.tui.plain import plain_cell
+from localfab.tui.screens.chat_parts import ListedCommands
 from localfab.tui.widgets.catalog_pane import WIDTHS, CatalogPane, cursor_key, restore_cursor
 from localfab.tui.widgets.confirm import ConfirmDialog
 from localfab.tui.widgets.pulls import PullsPanel
@@ -33,28 +33,12 @@ COLUMNS = ("Name", "Size", "Quant", "Arch", "Fit", "Last used")
 Command = tuple[str, str, Callable[[], object]]
 
 
-class ModelsCommands(Provider):
+class ModelsCommands(ListedCommands):
     """The models screen's actions in the command palette."""
 
     def _commands(self) -> list[Command]:
         screen = self.screen
         return screen.palette_commands() if isinstance(screen, ModelsScreen) else []
-
-    async def discover(self) -> Hits:
-        for name, help_text, callback in self._commands():
-            yield DiscoveryHit(plain(name), callback, text=name, help=escaped(help_text))
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for name, help_text, callback in self._commands():
-            if (score := matcher.match(name)) > 0:
-                yield Hit(
-                    score,
-                    palette_name(matcher, name),
-                    callback,
-                    text=name,
-                    help=escaped(help_text),
-                )
 
 
 class ModelsScreen(Screen[None]):
